@@ -1,0 +1,1 @@
+"""vla.training."""
