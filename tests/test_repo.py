@@ -1,0 +1,34 @@
+"""The README's two commands and CI stay in step."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _opening_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```bash", 1)[1].split("```", 1)[0]
+    return [line for line in block.strip().splitlines() if line and not line.startswith("#")]
+
+
+def test_readme_opens_with_exactly_two_commands() -> None:
+    install_and_run, install_and_test = _opening_commands()
+    for command in (install_and_run, install_and_test):
+        assert "pip install torch==2.13.0" in command  # the CPU wheel first, or pip pulls a CUDA build
+        assert command.index("torch==2.13.0") < command.index('-e ".[dev]"')
+    assert "pytest" in install_and_test
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    script = (ROOT / ".ci" / "run").read_text()
+    extracted = subprocess.run(
+        ["bash", "-c", "grep -m1 -A1 '^# 2\\. ' README.md | tail -n 1"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    ).stdout.strip()
+    assert extracted == _opening_commands()[1]
+    assert "README.md" in script
