@@ -16,14 +16,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
 
 from dmuon import functional as F
+from dmuon.comm import (
+    local_orthogonalize,
+    naive_orthogonalize,
+    replicated_orthogonalize,
+    sharded_orthogonalize,
+)
 from dmuon.functional import NSConfig
+from dmuon.layout import Domain, detect_domain, local_tensor
 from dmuon.newton_schulz import ALGORITHMS, COEFFICIENT_SCHEDULES, DEFAULT_EPS, coefficient_schedule
+from dmuon.planner import STRATEGIES, CostModel, MatrixSpec, Plan, build_plan
 
 OPTIMIZER_ALGORITHMS = ("muon", "adamw")
+DISTRIBUTIONS = ("owner", "naive")
+COST_MODELS = ("flops", "calibrated")
 # Keys a param group may carry besides the optimizer's hyper-parameters.
 _EXTRA_GROUP_KEYS = {"params", "param_names", "algorithm", "name", "initial_lr"}
 _DTYPE_NAMES = {
@@ -105,6 +116,19 @@ class Muon(Optimizer):
             group's own "lr" / "weight_decay" / "betas" / "eps" override them).
         adamw_foreach, adamw_fused: torch's AdamW implementation switches. None: fused where the
             params support it, foreach otherwise.
+
+    Distribution (found from the live params at every step; see dmuon.layout):
+        process_group: group over which plain (DDP-replicated) tensors are shared; default WORLD.
+        plain_tensors: "replicated" (default; plain tensors are identical on every rank, as under
+            DDP) or "local" (each rank orthogonalises its own plain tensors; no communication).
+        distribution: "owner" (each matrix orthogonalised once, by its owner rank) or "naive" (the
+            vanilla baseline: every rank gathers and orthogonalises every matrix, one at a time).
+        planner: "lpt" (greedy) or "milp" (HiGHS, time-limited, never worse than LPT).
+        cost_model: "flops", "calibrated" (NS timings measured once per shape and batch size on
+            this device, cached under ~/.cache/dmuon or $DMUON_CACHE) or a CostModel.
+        bucket_mb: bytes of whole matrices per pipeline bucket.
+        overlap: pipeline buckets (exchange of k+1 and return of k travel while k computes).
+        milp_time_limit: seconds HiGHS may spend on one plan.
     """
 
     def __init__(
@@ -126,7 +150,31 @@ class Muon(Optimizer):
         adamw_weight_decay: float = 0.0,
         adamw_foreach: bool | None = None,
         adamw_fused: bool | None = None,
+        *,
+        process_group: dist.ProcessGroup | None = None,
+        plain_tensors: str = "replicated",
+        distribution: str = "owner",
+        planner: str = "lpt",
+        cost_model: str | CostModel = "flops",
+        bucket_mb: float = 64.0,
+        overlap: bool = True,
+        milp_time_limit: float = 5.0,
     ) -> None:
+        _validate_distribution_options(
+            plain_tensors, distribution, planner, cost_model, bucket_mb, milp_time_limit
+        )
+        self._process_group = process_group
+        self._plain_tensors = plain_tensors
+        self._distribution = distribution
+        self._planner = planner
+        self._cost_model_option = cost_model
+        self._bucket_bytes = int(bucket_mb * 2**20)
+        self._overlap = bool(overlap)
+        self._milp_time_limit = milp_time_limit
+        # Plans are keyed by value (domain ranks + matrix specs), never by param objects.
+        self._plans: dict[tuple, Plan] = {}
+        self._cost_models: dict[tuple, CostModel] = {}
+        self._last_plans: list[tuple[Domain, Plan]] = []
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -244,16 +292,110 @@ class Muon(Optimizer):
         ]
 
     def _orthogonalize(self, work: list[MuonWork]) -> list[Tensor]:
-        """Orthogonalised updates of `work`, each in its item's local shape."""
-        results: list[Tensor | None] = [None] * len(work)
-        by_config: dict[NSConfig, list[int]] = {}
+        """Orthogonalised updates of `work`, each in its item's local shape.
+
+        Items are split by domain (who holds which rows); each domain runs its own plan. Domains
+        are visited in work order, which is the same on every rank.
+        """
+        domains: dict[tuple, tuple[Domain, list[int], list[MatrixSpec]]] = {}
         for i, item in enumerate(work):
-            by_config.setdefault(item.ns, []).append(i)
-        for ns, indices in by_config.items():
-            mats = [work[i].update.reshape(F.matrix_shape(work[i].shape)) for i in indices]
-            for i, o in zip(indices, F.orthogonalize(mats, ns), strict=True):
-                results[i] = o.view(work[i].update.shape)
+            domain, rows = detect_domain(
+                item.param, item.name, process_group=self._process_group, plain_tensors=self._plain_tensors
+            )
+            m, n = F.matrix_shape(item.shape)
+            entry = domains.setdefault(domain.key(), (domain, [], []))
+            entry[1].append(i)
+            entry[2].append(MatrixSpec(item.name, m, n, item.ns, rows))
+        results: list[Tensor | None] = [None] * len(work)
+        self._last_plans = []
+        for domain, indices, specs in domains.values():
+            updates = [work[i].update for i in indices]
+            if self._distribution == "naive":
+                outs = naive_orthogonalize(specs, domain, [work[i].param for i in indices], updates)
+            elif domain.kind == "local":
+                outs = local_orthogonalize(specs, updates)
+            else:
+                plan = self._plan_for(domain, specs)
+                self._last_plans.append((domain, plan))
+                run = sharded_orthogonalize if domain.kind == "sharded" else replicated_orthogonalize
+                outs = run(plan, domain, updates, overlap=self._overlap)
+            for i, o in zip(indices, outs, strict=True):
+                results[i] = o
         return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ planning
+    def _plan_for(self, domain: Domain, specs: list[MatrixSpec]) -> Plan:
+        key = (domain.key(), tuple((s.name, s.m, s.n, s.rows, s.ns) for s in specs))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        cost = self._cost_model_for(domain, specs)
+        if self._planner == "milp":
+            # A time-limited solver need not stop at the same point on every rank: solve once, share.
+            box: list[Plan | None] = [None]
+            if domain.rank == 0:
+                box[0] = self._build_plan(domain, specs, cost)
+            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.group)
+            plan = box[0]
+            assert plan is not None
+        else:
+            plan = self._build_plan(domain, specs, cost)
+        _check_plans_agree(domain, plan)
+        self._plans[key] = plan
+        return plan
+
+    def _build_plan(self, domain: Domain, specs: list[MatrixSpec], cost: CostModel) -> Plan:
+        return build_plan(
+            specs,
+            domain.world,
+            strategy=self._planner,
+            cost=cost,
+            bucket_bytes=self._bucket_bytes,
+            milp_time_limit=self._milp_time_limit,
+        )
+
+    def _cost_model_for(self, domain: Domain, specs: list[MatrixSpec]) -> CostModel:
+        option = self._cost_model_option
+        if isinstance(option, CostModel):
+            return option
+        if option == "flops":
+            return CostModel()
+        key = domain.key()
+        if key in self._cost_models:
+            model = self._cost_models[key]
+        else:
+            model = CostModel()
+        counts: dict[tuple, int] = {}
+        for spec in specs:
+            counts[spec.shape_class] = counts.get(spec.shape_class, 0) + 1
+        # Measure on one rank and share, so every rank plans with the same numbers.
+        box: list[CostModel | None] = [None]
+        if domain.rank == 0:
+            device = local_tensor(self.param_groups[0]["params"][0]).device
+            path = CostModel.default_cache_path(device)
+            if not model.profile and path.exists():
+                model = CostModel.load(path)
+            model.calibrate(list(counts), max_batch=counts, device=device)
+            model.save(path)
+            box[0] = model
+        if domain.group is not None and domain.world > 1:
+            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.group)
+        model = box[0]
+        assert model is not None
+        self._cost_models[key] = model
+        return model
+
+    def plan_summary(self) -> str:
+        """Tables of the plans the last step ran (one per distributed domain)."""
+        if not self._last_plans:
+            return "no distributed plan: the last step ran on a single process (or none ran yet)"
+        return "\n\n".join(
+            f"domain {d.kind} over ranks {list(d.ranks)}\n{p.table()}" for d, p in self._last_plans
+        )
+
+    def plans(self) -> list[Plan]:
+        """The plans the last step ran, one per distributed domain."""
+        return [p for _, p in self._last_plans]
 
     def _adamw_phase(self, group: dict) -> None:
         params, grads, exp_avgs, exp_avg_sqs, steps = [], [], [], [], []
@@ -290,10 +432,44 @@ class Muon(Optimizer):
         )
 
 
-def _local(t: Tensor) -> Tensor:
-    """The tensor this rank computes on: the local shard of a DTensor, the tensor itself otherwise."""
-    to_local = getattr(t, "to_local", None)
-    return to_local() if to_local is not None else t
+_local = local_tensor
+
+
+def _check_plans_agree(domain: Domain, plan: Plan) -> None:
+    """Fail fast, naming the ranks, if ranks built different plans (they would deadlock or corrupt)."""
+    if domain.group is None or domain.world == 1:
+        return
+    digests: list[str | None] = [None] * domain.world
+    dist.all_gather_object(digests, plan.digest(), group=domain.group)
+    if len(set(digests)) != 1:
+        raise RuntimeError(
+            f"dmuon: ranks {list(domain.ranks)} built different Muon plans (digests {digests}). Every rank "
+            "must hold the same Muon params with gradients in the same groups and order"
+        )
+
+
+def _validate_distribution_options(
+    plain_tensors: str,
+    distribution: str,
+    planner: str,
+    cost_model: str | CostModel,
+    bucket_mb: float,
+    milp_time_limit: float,
+) -> None:
+    if plain_tensors not in ("replicated", "local"):
+        raise ValueError(f"plain_tensors must be 'replicated' or 'local', got {plain_tensors!r}")
+    if distribution not in DISTRIBUTIONS:
+        raise ValueError(f"distribution must be one of {DISTRIBUTIONS}, got {distribution!r}")
+    if planner not in STRATEGIES:
+        raise ValueError(f"planner must be one of {STRATEGIES}, got {planner!r}")
+    if not isinstance(cost_model, CostModel) and cost_model not in COST_MODELS:
+        raise ValueError(
+            f"cost_model must be one of {COST_MODELS} or a dmuon.planner.CostModel, got {cost_model!r}"
+        )
+    if not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+    if not isinstance(milp_time_limit, (int, float)) or not milp_time_limit > 0:
+        raise ValueError(f"milp_time_limit must be > 0 seconds, got {milp_time_limit!r}")
 
 
 def _fused_supported(p: Tensor) -> bool:

@@ -1,0 +1,233 @@
+"""Per-rank bodies of the distributed dmuon tests, and their single-process references.
+
+The model mixes everything the distributed path must handle: rows that do not divide by 2 or 4,
+a matrix with fewer rows than ranks (an empty shard on 4 ranks), 3-D and 4-D weights, several
+same-shape matrices (batched NS), and AdamW params (embedding, norm, biases).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dmuon
+
+GLOBAL_BATCH = 8
+STEPS = 3
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 12)
+        self.fc_in = nn.Linear(12, 37)  # 37 rows: uneven on 2 and 4 ranks
+        self.norm = nn.LayerNorm(37)
+        self.blocks = nn.ModuleList(nn.Linear(37, 37, bias=False) for _ in range(3))  # same-shape batch
+        self.conv1d = nn.Conv1d(4, 6, 3)  # 3-D weight (6, 4, 3)
+        self.conv2d = nn.Conv2d(3, 5, 2)  # 4-D weight (5, 3, 2, 2)
+        self.mix = nn.Linear(37 + 6 + 5, 19)
+        self.head = nn.Linear(19, 3)  # (3, 19): 3 rows -> an empty shard on 4 ranks (routed to Muon)
+
+    def forward(self, tokens: torch.Tensor, signal: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc_in(self.embed(tokens).mean(1)))
+        h = self.norm(h)
+        for block in self.blocks:
+            h = h + torch.tanh(block(h))
+        c1 = self.conv1d(signal).mean(-1)
+        c2 = self.conv2d(image).mean((-1, -2))
+        return self.head(torch.tanh(self.mix(torch.cat([h, c1, c2], dim=-1))))
+
+
+def make_model() -> Net:
+    torch.manual_seed(1234)
+    return Net()
+
+
+def batch(step: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, ...]:
+    """This rank's slice of the global batch of `step` (equal slices, so mean-of-means = mean)."""
+    gen = torch.Generator().manual_seed(100 + step)
+    tokens = torch.randint(0, 11, (GLOBAL_BATCH, 5), generator=gen)
+    signal = torch.randn(GLOBAL_BATCH, 4, 8, generator=gen)
+    image = torch.randn(GLOBAL_BATCH, 3, 4, 4, generator=gen)
+    target = torch.randn(GLOBAL_BATCH, 3, generator=gen)
+    per = GLOBAL_BATCH // world
+    return tuple(t[rank * per : (rank + 1) * per] for t in (tokens, signal, image, target))
+
+
+def routing_rules() -> list[dict]:
+    # The head is a plain hidden-size projection here; route it to Muon to exercise the empty shard.
+    return [{"pattern": r"^head\.weight$", "algorithm": "muon"}]
+
+
+def make_optimizer(model: nn.Module, **options: Any) -> dmuon.Muon:
+    ns = {k: options.pop(k) for k in list(options) if k.startswith("ns_")}
+    return dmuon.Muon(
+        dmuon.param_groups(model, routing_rules()),
+        lr=0.05,
+        weight_decay=0.01,
+        adamw_lr=1e-2,
+        adamw_weight_decay=0.01,
+        **{"ns_algorithm": "standard", **ns},
+        **options,
+    )
+
+
+def train(model: nn.Module, opt: torch.optim.Optimizer, steps: range, rank: int = 0, world: int = 1) -> None:
+    for step in steps:
+        tokens, signal, image, target = batch(step, rank, world)
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(tokens, signal, image), target).backward()
+        opt.step()
+
+
+def full_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out[name] = full.detach().clone()
+    return out
+
+
+def reference(steps: int = STEPS, **options: Any) -> dict[str, torch.Tensor]:
+    """Single-process dmuon.Muon on the full tensors and the global batch."""
+    model = make_model()
+    train(model, make_optimizer(model, **options), range(steps))
+    return full_params(model)
+
+
+def _fsdp(model: nn.Module, mesh) -> nn.Module:
+    from torch.distributed.fsdp import fully_shard
+
+    for module in (model.fc_in, *model.blocks, model.conv1d, model.conv2d, model.mix, model.head):
+        fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _plan_info(opt: dmuon.Muon) -> list[dict]:
+    return [
+        {"digest": p.digest(), "owners": p.owners, "names": [s.name for s in p.specs], "buckets": p.buckets}
+        for p in opt.plans()
+    ]
+
+
+def fsdp_scenarios(rank: int, world: int) -> dict[str, Any]:
+    """FSDP2 (standard + LPT, gram + MILP, tiny buckets with and without overlap), DDP, param swap."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    mesh = init_device_mesh("cpu", (world,))
+    results: dict[str, Any] = {}
+
+    variants = {
+        "fsdp_standard_lpt": {"ns_algorithm": "standard", "planner": "lpt"},
+        "fsdp_gram_milp": {"ns_algorithm": "gram", "planner": "milp"},
+        "fsdp_buckets_overlap": {"ns_algorithm": "standard", "bucket_mb": 0.004, "overlap": True},
+        "fsdp_buckets_serial": {"ns_algorithm": "standard", "bucket_mb": 0.004, "overlap": False},
+    }
+    for key, options in variants.items():
+        model = _fsdp(make_model(), mesh)
+        opt = make_optimizer(model, **options)
+        train(model, opt, range(STEPS), rank, world)
+        results[key] = full_params(model)
+        results[key + "/plans"] = _plan_info(opt)
+        if key == "fsdp_standard_lpt":
+            p = model.fc_in.weight
+            state = opt.state[p]["momentum_buffer"]
+            results["state_is_sharded"] = (
+                type(state).__name__ == "DTensor" and state.to_local().shape == p.to_local().shape
+            )
+            results["plan_table"] = opt.plan_summary()
+
+    # Accelerate-style swap: optimizer built on plain params, then the model is sharded and the
+    # groups' entries replaced by the new DTensor params (Accelerate does not remap state).
+    model = make_model()
+    opt = make_optimizer(model)
+    names = {id(p): n for n, p in model.named_parameters()}
+    group_names = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    model = _fsdp(model, mesh)
+    live = dict(model.named_parameters())
+    for group, gnames in zip(opt.param_groups, group_names):
+        group["params"] = [live[n] for n in gnames]
+    train(model, opt, range(STEPS), rank, world)
+    results["fsdp_swapped"] = full_params(model)
+
+    if world > 1:
+        model = DDP(make_model())
+        opt = make_optimizer(model.module)
+        train(model, opt, range(STEPS), rank, world)
+        results["ddp"] = full_params(model.module)
+        results["ddp/plans"] = _plan_info(opt)
+    return results
+
+
+def hsdp_scenario(rank: int, world: int, ns_algorithm: str) -> dict[str, Any]:
+    """HSDP on a (2 replicate x 2 shard) mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = _fsdp(make_model(), mesh)
+    placements = tuple(type(pl).__name__ for pl in model.fc_in.weight.placements)
+    opt = make_optimizer(model, ns_algorithm=ns_algorithm)
+    train(model, opt, range(STEPS), rank, world)
+    local = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    return {"params": full_params(model), "local": local, "placements": placements, "plans": _plan_info(opt)}
+
+
+def dcp_save(rank: int, world: int, directory: str, steps_before: int) -> dict[str, Any]:
+    """Train FSDP for `steps_before` steps, save model + optimizer with DCP, then train one more."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _fsdp(make_model(), mesh)
+    opt = make_optimizer(model)
+    train(model, opt, range(steps_before), rank, world)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=directory)
+    dist.barrier()
+    train(model, opt, range(steps_before, steps_before + 1), rank, world)
+    return full_params(model)
+
+
+def dcp_resume(rank: int, world: int, directory: str, steps_before: int) -> dict[str, Any]:
+    """Load the checkpoint on `world` ranks (resharding) and train the next step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    model = _fsdp(make_model(), mesh)
+    opt = make_optimizer(model)
+    model_sd, optim_sd = get_state_dict(model, opt)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    train(model, opt, range(steps_before, steps_before + 1), rank, world)
+    return full_params(model)
+
+
+def diverging_plans(rank: int, world: int) -> None:
+    """Rank 1 holds an extra Muon matrix with a gradient: the plans differ and step() must raise."""
+    extra = nn.Parameter(torch.randn(4, 4)) if rank == 1 else None
+    params = [nn.Parameter(torch.randn(6, 6))] + ([extra] if extra is not None else [])
+    opt = dmuon.Muon(params, lr=0.1)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+
+
+def failing_rank(rank: int, world: int) -> None:
+    """Rank 1 dies before a collective that rank 0 then waits on."""
+    if rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    dist.barrier()
+
+
+def copy_model(model: nn.Module) -> nn.Module:
+    return copy.deepcopy(model)
