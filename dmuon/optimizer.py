@@ -119,6 +119,8 @@ class Muon(Optimizer):
 
     Distribution (found from the live params at every step; see dmuon.layout):
         process_group: group over which plain (DDP-replicated) tensors are shared; default WORLD.
+        device_mesh: if given, every DTensor param must live on this mesh (a pin against
+            accidentally mixing meshes); by default each DTensor's own mesh is used.
         plain_tensors: "replicated" (default; plain tensors are identical on every rank, as under
             DDP) or "local" (each rank orthogonalises its own plain tensors; no communication).
         distribution: "owner" (each matrix orthogonalised once, by its owner rank) or "naive" (the
@@ -152,6 +154,7 @@ class Muon(Optimizer):
         adamw_fused: bool | None = None,
         *,
         process_group: dist.ProcessGroup | None = None,
+        device_mesh: Any = None,
         plain_tensors: str = "replicated",
         distribution: str = "owner",
         planner: str = "lpt",
@@ -164,6 +167,7 @@ class Muon(Optimizer):
             plain_tensors, distribution, planner, cost_model, bucket_mb, milp_time_limit
         )
         self._process_group = process_group
+        self._device_mesh = device_mesh
         self._plain_tensors = plain_tensors
         self._distribution = distribution
         self._planner = planner
@@ -299,6 +303,12 @@ class Muon(Optimizer):
         """
         domains: dict[tuple, tuple[Domain, list[int], list[MatrixSpec]]] = {}
         for i, item in enumerate(work):
+            mesh = getattr(item.param, "device_mesh", None)
+            if self._device_mesh is not None and mesh is not None and mesh != self._device_mesh:
+                raise ValueError(
+                    f"param {item.name!r} lives on {mesh}, but this optimizer was pinned to "
+                    f"device_mesh={self._device_mesh}; shard it on that mesh or drop the pin"
+                )
             domain, rows = detect_domain(
                 item.param, item.name, process_group=self._process_group, plain_tensors=self._plain_tensors
             )

@@ -16,15 +16,14 @@ Strategies:
   slowest rank's load z (+ a small weight on total work), subject to covering every matrix. Solved
   with scipy's HiGHS under a time limit; falls back to LPT if it fails or is not better.
 
-Buckets cut each rank's owned matrices into K consecutive slices of about equal cost, bucket k
-taking slice k of every rank, so each pipeline stage keeps the balance of the whole plan.
+Buckets are consecutive runs of the matrices in decreasing cost order (about `bucket_bytes` each);
+owners are balanced inside every bucket, since buckets run one after another.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 from collections import defaultdict
 from collections.abc import Sequence
@@ -189,6 +188,7 @@ class Plan:
 
     @property
     def makespan(self) -> float:
+        """Predicted NS seconds of the slowest rank (buckets summed)."""
         return max(self.rank_seconds) if self.rank_seconds else 0.0
 
     def digest(self) -> str:
@@ -375,30 +375,33 @@ def assign_milp(
 
 def make_buckets(
     specs: Sequence[MatrixSpec],
-    owners: Sequence[int],
     world: int,
     cost: CostModel,
     *,
     bucket_bytes: int,
     element_size: int = 4,
 ) -> tuple[tuple[int, ...], ...]:
-    """K = ceil(total bytes / bucket_bytes) stages; stage k holds slice k of every rank's work."""
-    total = sum(s.numel for s in specs) * element_size
-    k_buckets = max(1, math.ceil(total / max(bucket_bytes, 1)))
-    members: dict[int, set[int]] = defaultdict(set)
-    for r in range(world):
-        owned = sorted(
-            (i for i, o in enumerate(owners) if o == r),
-            key=lambda i: (_class_key(specs[i].shape_class), specs[i].name),
-        )
-        costs = [cost.matrix_seconds(specs[i].shape_class) for i in owned]
-        rank_total = sum(costs) or 1.0
-        before = 0.0
-        for i, c in zip(owned, costs):
-            stage = min(k_buckets - 1, int((before + c / 2) / rank_total * k_buckets))
-            members[stage].add(i)
-            before += c
-    return tuple(tuple(sorted(members[k])) for k in range(k_buckets) if members[k])
+    """Pipeline stages: consecutive runs of the matrices in decreasing cost (then name) order.
+
+    A bucket closes once it holds `bucket_bytes` and at least `world` matrices (so no rank idles in
+    a stage unless fewer matrices remain). Neighbours in cost order are mostly same-shape, so a
+    bucket batches well, and its matrices are similar in size, so it balances well.
+    """
+    order = sorted(
+        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
+    )
+    buckets: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size = 0
+    for i in order:
+        current.append(i)
+        size += specs[i].numel * element_size
+        if size >= bucket_bytes and len(current) >= world:
+            buckets.append(tuple(sorted(current)))
+            current, size = [], 0
+    if current:
+        buckets.append(tuple(sorted(current)))
+    return tuple(buckets)
 
 
 def build_plan(
@@ -410,29 +413,47 @@ def build_plan(
     bucket_bytes: int = 64 << 20,
     milp_time_limit: float = 5.0,
 ) -> Plan:
-    """The plan for `specs` on `world` ranks (pure; identical on every rank for LPT)."""
+    """The plan for `specs` on `world` ranks (pure; identical on every rank for LPT).
+
+    Buckets run one after another (each ends in a collective every rank joins), so the step takes
+    about the sum over buckets of the slowest rank's work: owners are balanced per bucket.
+    """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown planner strategy {strategy!r}: use one of {STRATEGIES}")
     if world < 1:
         raise ValueError(f"world size must be >= 1, got {world}")
     cost = cost or CostModel()
     specs = tuple(specs)
-    lpt = assign_lpt(specs, world, cost)
-    owners, used = lpt, "lpt"
-    if strategy == "milp":
-        milp_owners = assign_milp(specs, world, cost, time_limit=milp_time_limit)
-        if milp_owners is None:
-            used = "lpt (milp found no solution or scipy is missing)"
-        elif max(rank_loads(specs, milp_owners, world, cost)) <= max(rank_loads(specs, lpt, world, cost)):
-            owners, used = milp_owners, "milp"
-        else:
-            used = "lpt (milp was not better)"
-    buckets = make_buckets(specs, owners, world, cost, bucket_bytes=bucket_bytes)
+    buckets = make_buckets(specs, world, cost, bucket_bytes=bucket_bytes)
+    owners = [0] * len(specs)
+    notes: set[str] = set()
+    for bucket in buckets:
+        members = [specs[i] for i in bucket]
+        chosen = assign_lpt(members, world, cost)
+        if strategy == "milp":
+            limit = max(0.05, milp_time_limit / len(buckets))
+            milp_owners = assign_milp(members, world, cost, time_limit=limit)
+            if milp_owners is None:
+                notes.add("milp found no solution or scipy is missing: lpt")
+            elif max(rank_loads(members, milp_owners, world, cost)) <= max(
+                rank_loads(members, chosen, world, cost)
+            ):
+                chosen = milp_owners
+            else:
+                notes.add("lpt kept where milp was not better")
+        for i, owner in zip(bucket, chosen):
+            owners[i] = owner
+    loads = [0.0] * world
+    for bucket in buckets:
+        members = [specs[i] for i in bucket]
+        for r, load in enumerate(rank_loads(members, [owners[i] for i in bucket], world, cost)):
+            loads[r] += load
+    used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
     return Plan(
         world=world,
         specs=specs,
-        owners=owners,
+        owners=tuple(owners),
         buckets=buckets,
-        rank_seconds=rank_loads(specs, owners, world, cost),
+        rank_seconds=tuple(loads),
         strategy=used,
     )

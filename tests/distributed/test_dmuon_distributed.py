@@ -97,3 +97,27 @@ def test_a_dying_rank_is_reported_and_nobody_hangs() -> None:
         AssertionError, match=r"(?s)rank 1 failed first \(then ranks \[0\]\):.*rank 1 fails on purpose"
     ):
         run_ranks("workers:failing_rank", 2, timeout=120, pg_timeout=30)
+
+
+def test_calibrated_cost_model_is_shared_and_cached(tmp_path, references) -> None:
+    results = run_ranks("workers:calibrated_cost_model", 2, args=(str(tmp_path),), timeout=300)
+    for rank, result in enumerate(results):
+        _assert_matches(result["params"], references["standard"], f"calibrated rank {rank}")
+    _assert_plans_valid([r["plans"] for r in results], "calibrated")
+    assert any(name.startswith("ns_profile-cpu") for name in results[0]["cache"])
+
+
+def test_pinned_process_group_runs_independent_jobs() -> None:
+    results = run_ranks("workers:pinned_process_group", 4, timeout=300)
+    for result in results:
+        expected = workers.pinned_reference(result["job"])
+        for got, ref in zip(result["params"], expected):
+            assert float((got - ref).norm() / ref.norm()) < TOL
+        assert result["plans"][0]["owners"]  # the replicated path (owners + all-gather) ran
+    assert not torch.equal(results[0]["params"][0], results[2]["params"][0])  # the jobs differ
+
+
+def test_unsupported_layouts_get_clear_errors() -> None:
+    for errors in run_ranks("workers:unsupported_layouts", 2, timeout=200):
+        assert "'proj.weight'" in errors["shard1"] and "Shard(0)" in errors["shard1"]
+        assert "'fc.weight'" in errors["pinned"] and "pinned" in errors["pinned"]

@@ -231,3 +231,77 @@ def failing_rank(rank: int, world: int) -> None:
 
 def copy_model(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+def calibrated_cost_model(rank: int, world: int, cache_dir: str) -> dict[str, Any]:
+    """cost_model="calibrated": rank 0 measures (and caches) NS timings; every rank plans alike."""
+    import os
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ["DMUON_CACHE"] = cache_dir
+    mesh = init_device_mesh("cpu", (world,))
+    model = _fsdp(make_model(), mesh)
+    opt = make_optimizer(model, cost_model="calibrated", planner="milp")
+    train(model, opt, range(STEPS), rank, world)
+    return {"params": full_params(model), "plans": _plan_info(opt), "cache": sorted(os.listdir(cache_dir))}
+
+
+def pinned_process_group(rank: int, world: int) -> dict[str, Any]:
+    """Two independent DDP-style jobs in one world: ranks {0,1} and {2,3}, each pinned to its group."""
+    group, _ = dist.new_subgroups(2)
+    job = rank // 2
+    torch.manual_seed(job)
+    params = [
+        nn.Parameter(torch.randn(9, 5)),
+        nn.Parameter(torch.randn(4, 4, 2)),
+        nn.Parameter(torch.randn(7, 7)),
+    ]
+    opt = dmuon.Muon(params, lr=0.1, process_group=group, ns_algorithm="standard")
+    for step in range(2):
+        gen = torch.Generator().manual_seed(1000 * job + step)  # same grads within a job
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return {"job": job, "params": [p.detach().clone() for p in params], "plans": _plan_info(opt)}
+
+
+def pinned_reference(job: int) -> list[torch.Tensor]:
+    torch.manual_seed(job)
+    params = [
+        nn.Parameter(torch.randn(9, 5)),
+        nn.Parameter(torch.randn(4, 4, 2)),
+        nn.Parameter(torch.randn(7, 7)),
+    ]
+    opt = dmuon.Muon(params, lr=0.1, ns_algorithm="standard")
+    for step in range(2):
+        gen = torch.Generator().manual_seed(1000 * job + step)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=gen)
+        opt.step()
+    return [p.detach().clone() for p in params]
+
+
+def unsupported_layouts(rank: int, world: int) -> dict[str, str]:
+    """Shard(1) and a pinned mesh mismatch: clear errors naming the param, on every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world,))
+    errors = {}
+    column = nn.Parameter(distribute_tensor(torch.randn(6, 8), mesh, [Shard(1)]))
+    opt = dmuon.Muon([("proj.weight", column)], lr=0.1)
+    column.grad = distribute_tensor(torch.ones(6, 8), mesh, [Shard(1)])
+    try:
+        opt.step()
+    except ValueError as exc:
+        errors["shard1"] = str(exc)
+    other_mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("other",))
+    row = nn.Parameter(distribute_tensor(torch.randn(6, 8), mesh, [Shard(0)]))
+    row.grad = distribute_tensor(torch.ones(6, 8), mesh, [Shard(0)])
+    pinned = dmuon.Muon([("fc.weight", row)], lr=0.1, device_mesh=other_mesh)
+    try:
+        pinned.step()
+    except ValueError as exc:
+        errors["pinned"] = str(exc)
+    return errors
