@@ -179,12 +179,23 @@ class Plan:
     buckets: tuple[tuple[int, ...], ...]
     rank_seconds: tuple[float, ...]
     strategy: str
+    bucket_seconds: tuple[tuple[float, ...], ...] = ()
 
     @property
     def efficiency(self) -> float:
         """Balance efficiency: ideal per-rank cost (mean) / slowest rank's cost; 1.0 is perfect."""
         worst = max(self.rank_seconds) if self.rank_seconds else 0.0
         return (sum(self.rank_seconds) / self.world) / worst if worst > 0 else 1.0
+
+    @property
+    def stage_efficiency(self) -> float:
+        """Like `efficiency`, per bucket: sum over buckets of mean load / sum of the slowest rank's.
+
+        Buckets end in collectives, so this is the balance the pipelined step actually sees.
+        """
+        mean = sum(sum(loads) / self.world for loads in self.bucket_seconds)
+        worst = sum(max(loads) for loads in self.bucket_seconds)
+        return mean / worst if worst > 0 else 1.0
 
     @property
     def makespan(self) -> float:
@@ -245,7 +256,8 @@ class Plan:
     def table(self) -> str:
         lines = [
             f"plan: {len(self.specs)} matrices on {self.world} ranks, strategy {self.strategy}, "
-            f"{len(self.buckets)} bucket(s), balance efficiency {self.efficiency:.3f}",
+            f"{len(self.buckets)} bucket(s), balance efficiency {self.efficiency:.3f} "
+            f"(per bucket {self.stage_efficiency:.3f})",
             f"{'rank':>4} {'matrices':>8} {'classes':>7} {'pred. ms':>9} {'sent MB':>8} {'recv MB':>8}",
         ]
         for row in self.rows():
@@ -373,6 +385,12 @@ def assign_milp(
     return tuple(owners)
 
 
+def _lpt_efficiency(members: Sequence[MatrixSpec], world: int, cost: CostModel) -> float:
+    loads = rank_loads(members, assign_lpt(members, world, cost), world, cost)
+    worst = max(loads)
+    return sum(loads) / world / worst if worst > 0 else 1.0
+
+
 def make_buckets(
     specs: Sequence[MatrixSpec],
     world: int,
@@ -380,25 +398,32 @@ def make_buckets(
     *,
     bucket_bytes: int,
     element_size: int = 4,
+    min_efficiency: float = 0.95,
+    max_growth: int = 4,
 ) -> tuple[tuple[int, ...], ...]:
     """Pipeline stages: consecutive runs of the matrices in decreasing cost (then name) order.
 
-    A bucket closes once it holds `bucket_bytes` and at least `world` matrices (so no rank idles in
-    a stage unless fewer matrices remain). Neighbours in cost order are mostly same-shape, so a
-    bucket batches well, and its matrices are similar in size, so it balances well.
+    A bucket may close once it holds `bucket_bytes` and at least `world` matrices, and does close
+    as soon as LPT balances it to `min_efficiency` (or it grew `max_growth`-fold past that point).
+    Every bucket ends in a collective all ranks join, so a stage's slowest rank sets its time: a
+    stage that cannot be balanced (say 13 equal matrices on 8 ranks) grows until it can (16).
+    Neighbours in cost order are mostly same-shape, so a bucket also batches well.
     """
-    order = sorted(
-        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
-    )
+    order = sorted(range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name))
     buckets: list[tuple[int, ...]] = []
     current: list[int] = []
     size = 0
+    closable_at = 0  # the size at which the current bucket first could have closed
     for i in order:
         current.append(i)
         size += specs[i].numel * element_size
-        if size >= bucket_bytes and len(current) >= world:
+        if size < bucket_bytes or len(current) < world:
+            continue
+        closable_at = closable_at or size
+        balanced = _lpt_efficiency([specs[j] for j in current], world, cost) >= min_efficiency
+        if balanced or size >= max_growth * closable_at:
             buckets.append(tuple(sorted(current)))
-            current, size = [], 0
+            current, size, closable_at = [], 0, 0
     if current:
         buckets.append(tuple(sorted(current)))
     return tuple(buckets)
@@ -443,11 +468,10 @@ def build_plan(
                 notes.add("lpt kept where milp was not better")
         for i, owner in zip(bucket, chosen):
             owners[i] = owner
-    loads = [0.0] * world
-    for bucket in buckets:
-        members = [specs[i] for i in bucket]
-        for r, load in enumerate(rank_loads(members, [owners[i] for i in bucket], world, cost)):
-            loads[r] += load
+    per_bucket = tuple(
+        rank_loads([specs[i] for i in bucket], [owners[i] for i in bucket], world, cost) for bucket in buckets
+    )
+    loads = [sum(stage[r] for stage in per_bucket) for r in range(world)]
     used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
     return Plan(
         world=world,
@@ -456,4 +480,5 @@ def build_plan(
         buckets=buckets,
         rank_seconds=tuple(loads),
         strategy=used,
+        bucket_seconds=per_bucket,
     )

@@ -1,0 +1,202 @@
+"""Optimizer-step time under FSDP2 on gloo: AdamW vs naive Muon vs dmuon (LPT, MILP, ablations).
+
+    python scripts/bench_optimizer.py --nproc 2 [--preset pi0_small] [--steps 5] [--warmup 2]
+                                      [--json PATH] [--plot PATH]
+
+Re-launches itself under torchrun (one thread per rank). Each rank builds the preset's parameter
+shapes on the meta device, materialises them as FSDP2-sharded (Shard(0)) stand-ins, fills random
+gradients and times `optimizer.step()` between barriers: median of --steps after --warmup (the
+first step builds state and the plan). Configurations:
+
+  adamw          torch.optim.AdamW (foreach) on every parameter
+  naive          Muon, the DMuon paper's vanilla baseline: every rank all-gathers every matrix and
+                 orthogonalises all of them, one standard-NS call each (fp32)
+  dmuon_std      dmuon owners (LPT) with standard NS: the gain from sharing the work alone
+  dmuon_lpt      dmuon owners (LPT), NS "auto" (Gram on wide matrices), batching, pipelined buckets
+  dmuon_milp     as dmuon_lpt, owners from the MILP
+  dmuon_serial   as dmuon_lpt without overlap (every collective waited for at once)
+Muon configurations route embeddings, heads, norms and biases to AdamW (dmuon.param_groups).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = {
+    "adamw": None,
+    "naive": {"distribution": "naive", "ns_algorithm": "standard"},
+    "dmuon_std": {"planner": "lpt", "ns_algorithm": "standard"},
+    "dmuon_lpt": {"planner": "lpt", "ns_algorithm": "auto"},
+    "dmuon_milp": {"planner": "milp", "ns_algorithm": "auto"},
+    "dmuon_serial": {"planner": "lpt", "ns_algorithm": "auto", "overlap": False},
+}
+
+
+def preset_parameters(preset: str) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every trainable parameter of a policy preset, read on the meta device."""
+    from vla.models import build_policy
+
+    with torch.device("meta"):
+        policy = build_policy(preset)
+    return [(n, tuple(p.shape)) for n, p in policy.named_parameters() if p.requires_grad]
+
+
+class StandIn(torch.nn.Module):
+    """Parameters with the preset's names and shapes, one submodule per top-level block for FSDP."""
+
+    def __init__(self, parameters: list[tuple[str, tuple[int, ...]]]) -> None:
+        super().__init__()
+        self.names = [n for n, _ in parameters]
+        self.blocks = torch.nn.ModuleList()
+        for _, shape in parameters:
+            block = torch.nn.Module()
+            block.weight = torch.nn.Parameter(torch.randn(shape) * 0.02)
+            self.blocks.append(block)
+
+    def original_named_parameters(self):
+        return [(name, block.weight) for name, block in zip(self.names, self.blocks)]
+
+
+def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float):
+    import dmuon
+
+    if config is None:
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
+
+    class Named(torch.nn.Module):  # routing by the preset's real names
+        def named_parameters(self, *args, **kwargs):
+            return iter(model.original_named_parameters())
+
+    return dmuon.Muon(
+        dmuon.param_groups(Named()), lr=0.02, adamw_lr=1e-4, milp_time_limit=milp_time_limit, **config
+    )
+
+
+def worker(args: argparse.Namespace) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (world,))
+    parameters = preset_parameters(args.preset)
+    results = {}
+    for name, config in CONFIGS.items():
+        if args.only and name not in args.only:
+            continue
+        model = StandIn(parameters)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = build_optimizer(model, config, args.milp_time_limit)
+        gen = torch.Generator().manual_seed(rank)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+            local = p.grad.to_local()
+            local.copy_(torch.randn(local.shape, generator=gen))
+        times = []
+        for step in range(args.warmup + args.steps):
+            dist.barrier()
+            start = time.perf_counter()
+            opt.step()
+            dist.barrier()
+            if step >= args.warmup:
+                times.append(time.perf_counter() - start)
+        results[name] = {"median_s": statistics.median(times), "samples_s": times}
+        if config is not None and config.get("distribution") != "naive" and hasattr(opt, "plans") and opt.plans():
+            plan = opt.plans()[0]
+            results[name]["plan"] = {
+                "strategy": plan.strategy,
+                "efficiency": plan.efficiency,
+                "buckets": len(plan.buckets),
+                "predicted_rank_s": list(plan.rank_seconds),
+            }
+            if rank == 0 and name == "dmuon_lpt":
+                print(opt.plan_summary(), flush=True)
+        del opt, model
+    if rank == 0:
+        report(results, args, world)
+    dist.destroy_process_group()
+
+
+def report(results: dict, args: argparse.Namespace, world: int) -> None:
+    naive = results.get("naive", {}).get("median_s")
+    adamw = results.get("adamw", {}).get("median_s")
+    print(f"\noptimizer.step() on {args.preset} stand-ins, FSDP2 over {world} gloo ranks, median of {args.steps}")
+    print(f"{'config':<14} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'plan eff.':>9}")
+    for name, row in results.items():
+        speedup = naive / row["median_s"] if naive else float("nan")
+        over_adamw = row["median_s"] / adamw if adamw else float("nan")
+        row["speedup_vs_naive"], row["ratio_vs_adamw"] = speedup, over_adamw
+        efficiency = row.get("plan", {}).get("efficiency")
+        eff = f"{efficiency:.3f}" if efficiency is not None else "-"
+        print(f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}")
+    payload = {"preset": args.preset, "world": world, "steps": args.steps, "torch": torch.__version__, "results": results}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(payload, indent=2))
+    print(f"wrote {args.json}")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        names = list(results)
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        ax.bar(names, [results[n]["median_s"] * 1e3 for n in names], color="tab:blue")
+        ax.set_ylabel("optimizer.step() ms (median)")
+        ax.set_title(f"{args.preset}, FSDP2 on {world} gloo ranks")
+        plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
+        fig.tight_layout()
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.plot, dpi=120)
+        print(f"wrote {args.plot}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--preset", default="pi0_small")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=None)
+    parser.add_argument("--milp-time-limit", type=float, default=5.0)
+    parser.add_argument("--json", type=Path, default=Path("bench_results/optimizer.json"))
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    if "LOCAL_RANK" in os.environ:
+        worker(args)
+        return
+    raise SystemExit(relaunch_under_torchrun(args.nproc))
+
+
+def relaunch_under_torchrun(nproc: int) -> int:
+    """Run this script again under torchrun on `nproc` local ranks (torchrun sets 1 thread each)."""
+    forwarded, skip = [], False
+    for arg in sys.argv[1:]:  # --nproc is ours; torchrun would take it for its own abbreviation
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            forwarded.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    return subprocess.call([*command, __file__, *forwarded])
+
+
+if __name__ == "__main__":
+    main()
