@@ -28,6 +28,7 @@ orthogonalises all of them itself, one call per matrix.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -122,6 +123,16 @@ class _ShardedBucket:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+def _wait(work: dist.Work | None, stats: dict[str, float] | None) -> None:
+    """Wait for an async collective, counting the blocked seconds as exposed communication."""
+    if work is None:
+        return
+    start = time.perf_counter()
+    work.wait()
+    if stats is not None:
+        stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+
+
 def _all_to_all(
     send: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup, async_op: bool
 ) -> tuple[Tensor, dist.Work | None]:
@@ -131,7 +142,12 @@ def _all_to_all(
 
 
 def sharded_orthogonalize(
-    plan: Plan, domain: Domain, updates: Sequence[Tensor], *, overlap: bool = True
+    plan: Plan,
+    domain: Domain,
+    updates: Sequence[Tensor],
+    *,
+    overlap: bool = True,
+    stats: dict[str, float] | None = None,
 ) -> list[Tensor]:
     """Orthogonalised local rows for every spec of a sharded domain (see the module docstring).
 
@@ -147,30 +163,39 @@ def sharded_orthogonalize(
 
     def issue_exchange(k: int) -> None:
         b = buckets[k]
+        start = time.perf_counter()
         exchanges[k] = _all_to_all(b.pack(updates), b.send_splits, b.recv_splits, group, overlap)
+        if stats is not None and not overlap:  # a blocking collective: all of it is exposed
+            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
 
     issue_exchange(0)
     for k, b in enumerate(buckets):
         if overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)  # in flight while bucket k computes
         received, work = exchanges[k]  # type: ignore[misc]
-        if work is not None:
-            work.wait()
+        _wait(work, stats)
         exchanges[k] = None
         results = _orthogonalize_owned(b.mine, b.assemble(received), plan.specs)
+        start = time.perf_counter()
         back, back_work = _all_to_all(b.pack_results(results), b.recv_splits, b.send_splits, group, overlap)
+        if stats is not None and not overlap:
+            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
         if not overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)
         returns.append((b, back, back_work))
     for b, back, back_work in returns:
-        if back_work is not None:
-            back_work.wait()
+        _wait(back_work, stats)
         b.unpack_results(back, updates, out)
     return out  # type: ignore[return-value]
 
 
 def replicated_orthogonalize(
-    plan: Plan, domain: Domain, updates: Sequence[Tensor], *, overlap: bool = True
+    plan: Plan,
+    domain: Domain,
+    updates: Sequence[Tensor],
+    *,
+    overlap: bool = True,
+    stats: dict[str, float] | None = None,
 ) -> list[Tensor]:
     """Whole orthogonalised matrices for every spec of a replicated domain.
 
@@ -192,11 +217,13 @@ def replicated_orthogonalize(
         if mine:
             send[: sizes[rank]] = torch.cat([results[i].reshape(-1).to(dtype) for i in mine])
         gathered = torch.empty(world * width, dtype=dtype, device=device)
+        start = time.perf_counter()
         work = _all_gather(gathered, send, group=group, async_op=overlap)
+        if stats is not None and not overlap:
+            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
         pending.append((by_owner, gathered, width, work))
     for by_owner, gathered, width, work in pending:
-        if work is not None:
-            work.wait()
+        _wait(work, stats)
         for r in range(world):
             cursor = r * width
             for i in by_owner[r]:
@@ -221,7 +248,11 @@ def local_orthogonalize(
 
 
 def naive_orthogonalize(
-    specs: Sequence[MatrixSpec], domain: Domain, params: Sequence[Tensor], updates: Sequence[Tensor]
+    specs: Sequence[MatrixSpec],
+    domain: Domain,
+    params: Sequence[Tensor],
+    updates: Sequence[Tensor],
+    stats: dict[str, float] | None = None,
 ) -> list[Tensor]:
     """The vanilla baseline: every rank rebuilds every whole matrix and orthogonalises all of them,
     one call per matrix; sharded params all-gather their update first and keep their own rows."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -179,6 +180,8 @@ class Muon(Optimizer):
         self._plans: dict[tuple, Plan] = {}
         self._cost_models: dict[tuple, CostModel] = {}
         self._last_plans: list[tuple[Domain, Plan]] = []
+        # Wall seconds of the last step's phases (CPU clock: on CUDA, launch time unless synced).
+        self.last_step_stats: dict[str, float] = {}
         defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -239,6 +242,9 @@ class Muon(Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
+        stats: dict[str, float] = {"comm_wait_s": 0.0}
+        clock = time.perf_counter()
+
         # Phase 1: momentum, per Muon group (hyper-parameters are per group).
         work: list[MuonWork] = []
         group_slices: list[tuple[dict, int, int]] = []
@@ -249,8 +255,11 @@ class Muon(Optimizer):
             work.extend(self._momentum_phase(group, group_index))
             group_slices.append((group, start, len(work)))
 
+        clock = _lap(stats, "momentum_s", clock)
+
         # Phase 2: orthogonalise whole matrices.
-        orthogonal = self._orthogonalize(work)
+        orthogonal = self._orthogonalize(work, stats)
+        clock = _lap(stats, "orthogonalize_s", clock)
 
         # Phase 3: apply the updates, per group.
         for group, start, stop in group_slices:
@@ -263,10 +272,14 @@ class Muon(Optimizer):
                 scales=[F.update_scale(w.shape, group["adjust_lr"]) for w in items],
             )
 
+        clock = _lap(stats, "apply_s", clock)
+
         # Phase 4: AdamW groups.
         for group in self.param_groups:
             if group["algorithm"] == "adamw":
                 self._adamw_phase(group)
+        _lap(stats, "adamw_s", clock)
+        self.last_step_stats = stats
         return loss
 
     def _momentum_phase(self, group: dict, group_index: int) -> list[MuonWork]:
@@ -295,7 +308,7 @@ class Muon(Optimizer):
             for (index, p), u in zip(params, updates, strict=True)
         ]
 
-    def _orthogonalize(self, work: list[MuonWork]) -> list[Tensor]:
+    def _orthogonalize(self, work: list[MuonWork], stats: dict[str, float] | None = None) -> list[Tensor]:
         """Orthogonalised updates of `work`, each in its item's local shape.
 
         Items are split by domain (who holds which rows); each domain runs its own plan. Domains
@@ -321,14 +334,14 @@ class Muon(Optimizer):
         for domain, indices, specs in domains.values():
             updates = [work[i].update for i in indices]
             if self._distribution == "naive":
-                outs = naive_orthogonalize(specs, domain, [work[i].param for i in indices], updates)
+                outs = naive_orthogonalize(specs, domain, [work[i].param for i in indices], updates, stats)
             elif domain.kind == "local":
                 outs = local_orthogonalize(specs, updates)
             else:
                 plan = self._plan_for(domain, specs)
                 self._last_plans.append((domain, plan))
                 run = sharded_orthogonalize if domain.kind == "sharded" else replicated_orthogonalize
-                outs = run(plan, domain, updates, overlap=self._overlap)
+                outs = run(plan, domain, updates, overlap=self._overlap, stats=stats)
             for i, o in zip(indices, outs, strict=True):
                 results[i] = o
         return results  # type: ignore[return-value]
@@ -443,6 +456,12 @@ class Muon(Optimizer):
 
 
 _local = local_tensor
+
+
+def _lap(stats: dict[str, float], key: str, since: float) -> float:
+    now = time.perf_counter()
+    stats[key] = now - since
+    return now
 
 
 def _check_plans_agree(domain: Domain, plan: Plan) -> None:

@@ -409,7 +409,9 @@ def make_buckets(
     stage that cannot be balanced (say 13 equal matrices on 8 ranks) grows until it can (16).
     Neighbours in cost order are mostly same-shape, so a bucket also batches well.
     """
-    order = sorted(range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name))
+    order = sorted(
+        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
+    )
     buckets: list[tuple[int, ...]] = []
     current: list[int] = []
     size = 0

@@ -242,3 +242,16 @@ def test_bad_inputs_raise_clear_errors(policy: Pi0Policy) -> None:
 
     with pytest.raises(ValueError, match="noise must be"):
         policy.sample_actions(make_batch(policy.config), noise=torch.zeros(2, 3, 32))
+
+
+def test_calling_the_policy_is_compute_loss() -> None:
+    """DDP / FSDP2 wrappers hook __call__: model(batch) must be the training objective."""
+    from vla.models import build_policy
+
+    policy = build_policy("pi0_tiny")
+    batch = make_batch(policy.config, 2)
+    noise = torch.randn_like(batch.actions)
+    time = torch.full((2,), 0.5)
+    called, _ = policy(batch, noise=noise, time=time)
+    direct, _ = policy.compute_loss(batch, noise=noise, time=time)
+    assert torch.equal(called, direct)

@@ -34,6 +34,12 @@ class Policy(Protocol):
         """(B, action_horizon, max_action_dim) actions in the normalised space of the training data."""
         ...
 
+    def forward(
+        self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Same as compute_loss; lets DDP / FSDP2 wrappers see the training call."""
+        ...
+
     def shard_units(self) -> list[nn.Module]:
         """Submodules to wrap one by one with FSDP2 (decoder layer pairs / layers, vision encoder layers)."""
         ...

@@ -95,6 +95,13 @@ class Pi0Policy(nn.Module):
     def set_gradient_checkpointing(self, enabled: bool) -> None:
         set_layer_checkpointing(self.shard_units(), enabled)
 
+    def forward(
+        self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The training objective, as `compute_loss`: DDP and FSDP2 hook `__call__`, so wrapped
+        policies are trained through `model(batch)`."""
+        return self.compute_loss(batch, noise=noise, time=time)
+
     def compute_loss(
         self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
