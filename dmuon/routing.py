@@ -153,7 +153,8 @@ def describe_param_groups(groups: Sequence[Mapping[str, Any]]) -> str:
     for i, group in enumerate(groups):
         params = group["params"]
         numel = sum(p.numel() for p in params)
-        options = {k: v for k, v in group.items() if k not in ("params", "param_names", "algorithm")}
+        # Hyper-parameters only (an optimizer fills every default into its groups; show the main ones).
+        options = {k: group[k] for k in ("lr", "weight_decay") if k in group}
         names = group.get("param_names") or []
         shown = ", ".join(names[:4]) + (f", ... (+{len(names) - 4})" if len(names) > 4 else "")
         lines.append(

@@ -70,7 +70,7 @@ class StandIn(torch.nn.Module):
         return [(name, block.weight) for name, block in zip(self.names, self.blocks)]
 
 
-def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float):
+def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float, bucket_mb: float):
     import dmuon
 
     if config is None:
@@ -80,8 +80,9 @@ def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float)
         def named_parameters(self, *args, **kwargs):
             return iter(model.original_named_parameters())
 
+    options = {"bucket_mb": bucket_mb, **config} if config.get("distribution") != "naive" else config
     return dmuon.Muon(
-        dmuon.param_groups(Named()), lr=0.02, adamw_lr=1e-4, milp_time_limit=milp_time_limit, **config
+        dmuon.param_groups(Named()), lr=0.02, adamw_lr=1e-4, milp_time_limit=milp_time_limit, **options
     )
 
 
@@ -102,7 +103,7 @@ def worker(args: argparse.Namespace) -> None:
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        opt = build_optimizer(model, config, args.milp_time_limit)
+        opt = build_optimizer(model, config, args.milp_time_limit, args.bucket_mb)
         gen = torch.Generator().manual_seed(rank)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -117,11 +118,17 @@ def worker(args: argparse.Namespace) -> None:
             if step >= args.warmup:
                 times.append(time.perf_counter() - start)
         results[name] = {"median_s": statistics.median(times), "samples_s": times}
-        if config is not None and config.get("distribution") != "naive" and hasattr(opt, "plans") and opt.plans():
+        if (
+            config is not None
+            and config.get("distribution") != "naive"
+            and hasattr(opt, "plans")
+            and opt.plans()
+        ):
             plan = opt.plans()[0]
             results[name]["plan"] = {
                 "strategy": plan.strategy,
                 "efficiency": plan.efficiency,
+                "stage_efficiency": plan.stage_efficiency,
                 "buckets": len(plan.buckets),
                 "predicted_rank_s": list(plan.rank_seconds),
             }
@@ -136,7 +143,9 @@ def worker(args: argparse.Namespace) -> None:
 def report(results: dict, args: argparse.Namespace, world: int) -> None:
     naive = results.get("naive", {}).get("median_s")
     adamw = results.get("adamw", {}).get("median_s")
-    print(f"\noptimizer.step() on {args.preset} stand-ins, FSDP2 over {world} gloo ranks, median of {args.steps}")
+    print(
+        f"\noptimizer.step() on {args.preset} stand-ins, FSDP2 over {world} gloo ranks, median of {args.steps}"
+    )
     print(f"{'config':<14} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'plan eff.':>9}")
     for name, row in results.items():
         speedup = naive / row["median_s"] if naive else float("nan")
@@ -145,7 +154,13 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
         efficiency = row.get("plan", {}).get("efficiency")
         eff = f"{efficiency:.3f}" if efficiency is not None else "-"
         print(f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}")
-    payload = {"preset": args.preset, "world": world, "steps": args.steps, "torch": torch.__version__, "results": results}
+    payload = {
+        "preset": args.preset,
+        "world": world,
+        "steps": args.steps,
+        "torch": torch.__version__,
+        "results": results,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.json}")
@@ -168,13 +183,16 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--preset", default="pi0_small")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=None)
     parser.add_argument("--milp-time-limit", type=float, default=5.0)
+    parser.add_argument("--bucket-mb", type=float, default=16.0, help="dmuon pipeline bucket size")
     parser.add_argument("--json", type=Path, default=Path("bench_results/optimizer.json"))
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args()

@@ -32,16 +32,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import dmuon  # noqa: E402
-from dmuon.functional import NSConfig, matrix_shape  # noqa: E402
-from dmuon.layout import chunk_rows  # noqa: E402
-from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan, rank_loads  # noqa: E402
-
-# The trainer's routing for PaliGemma-based policies: input/output maps of every tower to AdamW.
-PI0_ADAMW_PATTERN = (
-    r"(embed_tokens|lm_head|patch_embedding|position_embedding|multi_modal_projector|state_proj"
-    r"|action_in_proj|action_out_proj|action_time_mlp_in|action_time_mlp_out)"
-)
+import dmuon
+from dmuon.functional import NSConfig, matrix_shape
+from dmuon.layout import chunk_rows
+from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan, rank_loads
 
 
 def muon_matrices(preset: str) -> list[tuple[str, tuple[int, int]]]:
@@ -49,7 +43,10 @@ def muon_matrices(preset: str) -> list[tuple[str, tuple[int, int]]]:
 
     with torch.device("meta"):
         policy = build_policy(preset)
-    groups = dmuon.param_groups(policy, rules=[{"pattern": PI0_ADAMW_PATTERN, "algorithm": "adamw"}])
+    from vla.training.config import OptimConfig
+    from vla.training.optim import routing_rules
+
+    groups = dmuon.param_groups(policy, rules=routing_rules(OptimConfig()))  # the trainer's routing
     out = []
     for group in groups:
         if group["algorithm"] == "muon":
@@ -75,7 +72,10 @@ def all_to_all_seconds(plan: Plan, bucket: tuple[int, ...], alpha: float, beta: 
 
 def dmuon_seconds(plan: Plan, cost: CostModel, alpha: float, beta: float) -> tuple[float, float, float]:
     """(serial, overlapped, compute-only) predicted seconds."""
-    compute = [max(rank_loads([plan.specs[i] for i in b], [plan.owners[i] for i in b], plan.world, cost)) for b in plan.buckets]
+    compute = [
+        max(rank_loads([plan.specs[i] for i in b], [plan.owners[i] for i in b], plan.world, cost))
+        for b in plan.buckets
+    ]
     comm = [all_to_all_seconds(plan, b, alpha, beta) for b in plan.buckets]
     serial = sum(compute) + 2 * sum(comm)
     k = len(plan.buckets)
@@ -114,10 +114,14 @@ def _key(cls: tuple) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--preset", default="pi0")
     parser.add_argument("--worlds", default="8,16,64,128,1024")
-    parser.add_argument("--flops-per-second", type=float, default=None, help="use the FLOP model instead of calibrating")
+    parser.add_argument(
+        "--flops-per-second", type=float, default=None, help="use the FLOP model instead of calibrating"
+    )
     parser.add_argument("--alpha-us", type=float, default=20.0)
     parser.add_argument("--bandwidth-gbs", type=float, default=25.0)
     parser.add_argument("--bucket-mb", type=float, default=64.0)
@@ -130,11 +134,18 @@ def main() -> None:
 
     matrices = muon_matrices(args.preset)
     auto = ns_config("auto")
-    classes = sorted({(m, n, auto) for _, (m, n) in matrices} | {(m, n, ns_config("standard")) for _, (m, n) in matrices}, key=str)
+    classes = sorted(
+        {(m, n, auto) for _, (m, n) in matrices} | {(m, n, ns_config("standard")) for _, (m, n) in matrices},
+        key=str,
+    )
     cost, cost_note = calibrated_cost(classes, args.flops_per_second)
     elements = sum(m * n for _, (m, n) in matrices)
-    print(f"{args.preset}: {len(matrices)} Muon matrices, {elements / 1e9:.2f}B elements; compute: {cost_note}")
-    print(f"communication: alpha {args.alpha_us} us per message, {args.bandwidth_gbs} GB/s per rank; buckets {args.bucket_mb} MB")
+    print(
+        f"{args.preset}: {len(matrices)} Muon matrices, {elements / 1e9:.2f}B elements; compute: {cost_note}"
+    )
+    print(
+        f"communication: alpha {args.alpha_us} us per message, {args.bandwidth_gbs} GB/s per rank; buckets {args.bucket_mb} MB"
+    )
     rows = []
     header = (
         f"{'W':>5} {'naive s':>9} {'dmuon s':>9} {'serial s':>9} {'speedup':>8} {'NS s':>7} "
@@ -144,7 +155,9 @@ def main() -> None:
     print("-" * len(header))
     for world in worlds:
         specs = [MatrixSpec(name, m, n, auto, chunk_rows(m, world)) for name, (m, n) in matrices]
-        plan = build_plan(specs, world, strategy=args.planner, cost=cost, bucket_bytes=int(args.bucket_mb * 2**20))
+        plan = build_plan(
+            specs, world, strategy=args.planner, cost=cost, bucket_bytes=int(args.bucket_mb * 2**20)
+        )
         serial, overlapped, compute = dmuon_seconds(plan, cost, alpha, beta)
         naive = naive_seconds(specs, world, cost, alpha, beta)
         max_mb = max(s + r for s, r in plan.traffic()) / 2**20

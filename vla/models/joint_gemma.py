@@ -70,6 +70,7 @@ class JointDecoderLayer(GradientCheckpointingLayer):
         sin: Tensor,
         attention_mask: Tensor,
         past_prefix: LayerKV | None = None,
+        return_prefix_kv: bool = False,
     ) -> tuple[Tensor | None, Tensor | None, LayerKV | None]:
         """Run the pair on whichever streams are given.
 
@@ -80,6 +81,8 @@ class JointDecoderLayer(GradientCheckpointingLayer):
             attention_mask: (B, 1, N_new, N_keys) bool, True = may attend. Keys are the cached prefix (if
                 any) followed by the new tokens; rows are the new tokens in the same order.
             past_prefix: cached prefix keys/values of this layer; only with prefix=None.
+            return_prefix_kv: return this layer's prefix keys/values (to fill a cache). Off in training:
+                they are views, and FSDP2 hooks every tensor a wrapped module returns.
 
         Returns:
             (prefix_out or None, suffix_out or None, this layer's prefix LayerKV or None). prefix_out is None
@@ -115,7 +118,7 @@ class JointDecoderLayer(GradientCheckpointingLayer):
             values.append(value)
             start = end
 
-        new_prefix_kv = LayerKV(keys[0], values[0]) if prefix is not None else None
+        new_prefix_kv = LayerKV(keys[0], values[0]) if prefix is not None and return_prefix_kv else None
         output_streams = [(layer, hidden) for layer, hidden, needs_output in streams if needs_output]
         if not output_streams:
             return None, None, new_prefix_kv

@@ -245,7 +245,9 @@ class Pi0Policy(nn.Module):
         hidden: Tensor | None = prefix
         layers_kv: list[LayerKV] = []
         for layer in self.layers:
-            hidden, _, kv = layer(hidden, None, cos=cos, sin=sin, attention_mask=attention_mask)
+            hidden, _, kv = layer(
+                hidden, None, cos=cos, sin=sin, attention_mask=attention_mask, return_prefix_kv=True
+            )
             assert kv is not None
             layers_kv.append(kv)
         return PrefixCache(layers=layers_kv, pad_mask=prefix_pad, num_real=prefix_pad.sum(dim=1))

@@ -1,0 +1,334 @@
+"""The trainer's configuration: one typed schema per Hydra group, validated at start-up.
+
+Hydra composes `configs/config.yaml` over these dataclasses (registered as `train_schema`), so an
+unknown key or a wrong type fails while composing, naming the full key. `__post_init__` checks each
+group's values; `validate(cfg, world_size)` checks combinations that span groups (fsdp2 on one
+process, a batch that does not split over the ranks, ...). Every error names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+OPTIMIZERS = ("adamw", "muon", "dmuon")
+PARALLEL_MODES = ("none", "ddp", "fsdp2")
+DATA_SOURCES = ("synthetic", "lerobot")
+PRECISIONS = ("fp32", "bf16")
+SCHEDULES = ("cosine", "constant", "linear")
+NAN_POLICIES = ("stop", "skip")
+NORM_MODES = ("MEAN_STD", "MIN_MAX", "QUANTILES", "IDENTITY")
+
+
+def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        hint = difflib.get_close_matches(str(value), choices, n=1)
+        fix = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise ValueError(f"{key}={value!r} is not one of {list(choices)}{fix}")
+
+
+def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+@dataclass
+class ModelConfig:
+    """Which policy to build (`vla.models.build_policy(preset, **overrides)`).
+
+    overrides: any policy config field, nested ones as partial dicts (`{"vlm": {"depth": 4}}`);
+        build_policy rejects unknown keys by name.
+    weights: a local checkpoint to start from; weights_format "lerobot_pi0" (LeRobot/openpi pi0
+        safetensors) or "paligemma" (transformers' PaliGemma layout, prefix only).
+    """
+
+    preset: str = "pi0_small"
+    overrides: dict[str, Any] = field(default_factory=dict)
+    freeze_vision_tower: bool = False
+    train_expert_only: bool = False
+    gradient_checkpointing: bool = False
+    weights: str | None = None
+    weights_format: str = "lerobot_pi0"
+
+    def __post_init__(self) -> None:
+        _choice("model.weights_format", self.weights_format, ("lerobot_pi0", "paligemma"))
+
+    def policy_overrides(self) -> dict[str, Any]:
+        out = dict(self.overrides)
+        if self.freeze_vision_tower:
+            out["freeze_vision_tower"] = True
+        if self.gradient_checkpointing:
+            out["gradient_checkpointing"] = True
+        if self.train_expert_only:
+            out["train_expert_only"] = True
+        return out
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer.
+
+    name: "adamw" (torch AdamW on everything), "muon" (the naive baseline: every rank gathers and
+        orthogonalises every matrix, standard NS, no batching) or "dmuon" (owners, Gram, batching,
+        overlap). Muon/dmuon route hidden matrices to Muon and the rest to AdamW
+        (`dmuon.param_groups` with `adamw_patterns` and `routing_rules`).
+    lr / weight_decay: Muon's (or AdamW's when name=adamw).
+    adamw_*: the AdamW side of muon/dmuon.
+    """
+
+    name: str = "dmuon"
+    lr: float = 0.02
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    momentum: float = 0.95
+    nesterov: bool = True
+    adjust_lr: str | None = "original"
+    ns_algorithm: str = "auto"
+    ns_coefficients: str = "jordan"
+    ns_steps: int = 5
+    adamw_lr: float = 1e-3
+    adamw_weight_decay: float = 0.0
+    planner: str = "lpt"
+    cost_model: str = "flops"
+    bucket_mb: float = 64.0
+    overlap: bool = True
+    # Input/output maps of every tower go to AdamW (one regex; see vla.models.naming).
+    adamw_patterns: str = (
+        r"(embed_tokens|lm_head|patch_embedding|position_embedding|multi_modal_projector|state_proj"
+        r"|action_in_proj|action_out_proj|action_time_mlp_in|action_time_mlp_out)"
+    )
+    routing_rules: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _choice("optim.name", self.name, OPTIMIZERS)
+        _positive("optim.lr", self.lr, allow_zero=True)
+        _positive("optim.adamw_lr", self.adamw_lr, allow_zero=True)
+        _positive("optim.weight_decay", self.weight_decay, allow_zero=True)
+        _positive("optim.adamw_weight_decay", self.adamw_weight_decay, allow_zero=True)
+        _choice("optim.planner", self.planner, ("lpt", "milp"))
+        _choice("optim.cost_model", self.cost_model, ("flops", "calibrated"))
+        _choice("optim.ns_algorithm", self.ns_algorithm, ("standard", "gram", "auto"))
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"optim.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        for i, rule in enumerate(self.routing_rules):
+            if "pattern" not in rule:
+                raise ValueError(f"optim.routing_rules[{i}] needs a 'pattern' key, got {dict(rule)}")
+
+
+@dataclass
+class SyntheticDataConfig:
+    """The generated reach dataset (vla.data.synthetic), written under `root` on first use."""
+
+    episodes: int = 40
+    episode_length: int = 50
+    image_size: int = 64
+    use_videos: bool = True
+    codec: str = "av1"
+    fps: int = 10
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("data.synthetic.codec", self.codec, ("av1", "h264"))
+        _positive("data.synthetic.episodes", self.episodes)
+        _positive("data.synthetic.episode_length", self.episode_length)
+
+
+@dataclass
+class DataConfig:
+    """Where the LeRobot v3.0 dataset is and how its features map onto the policy.
+
+    camera_map: dataset image key -> the model's camera name (see the model preset's cameras).
+    norm_modes: feature -> MEAN_STD | MIN_MAX | QUANTILES | IDENTITY; null picks the policy's default
+        (pi0: MEAN_STD for state and action; OpenVLA-style: QUANTILES for action).
+    """
+
+    source: str = "synthetic"
+    root: str = "???"  # required: the data group (or the command line) sets it
+    episodes: list[int] | None = None
+    val_fraction: float = 0.1
+    camera_map: dict[str, str] = field(default_factory=dict)
+    state_key: str | None = "observation.state"
+    action_key: str = "action"
+    norm_modes: dict[str, str] | None = None
+    tokenizer_path: str | None = None
+    max_prompt_length: int = 24
+    num_workers: int = 2
+    uint8_transport: bool = True
+    synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+
+    def __post_init__(self) -> None:
+        _choice("data.source", self.source, DATA_SOURCES)
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        _positive("data.num_workers", self.num_workers, allow_zero=True)
+        _positive("data.max_prompt_length", self.max_prompt_length)
+        for feature, mode in (self.norm_modes or {}).items():
+            _choice(f"data.norm_modes[{feature!r}]", mode, NORM_MODES)
+
+
+@dataclass
+class TrainerConfig:
+    """The fit loop. batch_size is global (split over ranks), per optimizer step."""
+
+    steps: int = 100
+    batch_size: int = 8
+    grad_accum: int = 1
+    clip_grad_norm: float | None = 1.0
+    schedule: str = "cosine"
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+    seed: int = 0
+    precision: str = "fp32"
+    ema_decay: float | None = None
+    log_every: int = 1
+    val_every: int = 50
+    val_batches: int = 4
+    checkpoint_every: int = 50
+    keep_last: int = 2
+    resume: str = "none"
+    export_safetensors: bool = True
+    nan_policy: str = "stop"
+    max_skipped_steps: int = 0
+    save_on_interrupt: bool = True
+    progress_bar: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "vla"
+
+    def __post_init__(self) -> None:
+        for key in (
+            "steps",
+            "batch_size",
+            "grad_accum",
+            "log_every",
+            "val_every",
+            "checkpoint_every",
+            "keep_last",
+        ):
+            _positive(f"trainer.{key}", getattr(self, key))
+        _positive("trainer.warmup_steps", self.warmup_steps, allow_zero=True)
+        _positive("trainer.val_batches", self.val_batches, allow_zero=True)
+        _positive("trainer.max_skipped_steps", self.max_skipped_steps, allow_zero=True)
+        _choice("trainer.schedule", self.schedule, SCHEDULES)
+        _choice("trainer.precision", self.precision, PRECISIONS)
+        _choice("trainer.nan_policy", self.nan_policy, NAN_POLICIES)
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.clip_grad_norm is not None:
+            _positive("trainer.clip_grad_norm", self.clip_grad_norm)
+        if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
+            raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {self.ema_decay}")
+        if self.warmup_steps >= self.steps and self.schedule != "constant":
+            raise ValueError(
+                f"trainer.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps}); "
+                "shorten the warmup or train longer"
+            )
+
+
+@dataclass
+class ParallelConfig:
+    """How ranks share the model. fsdp2 shards each policy unit (layer pairs, vision blocks)."""
+
+    mode: str = "none"
+    reshard_after_forward: bool = True
+    backend: str | None = None  # default: nccl on CUDA, gloo on CPU
+    timeout_s: int = 600
+
+    def __post_init__(self) -> None:
+        _choice("parallel.mode", self.mode, PARALLEL_MODES)
+        _positive("parallel.timeout_s", self.timeout_s)
+
+
+@dataclass
+class TrainConfig:
+    """The whole run; `output_dir` receives config.yaml, metrics.jsonl, tb/, checkpoints/."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    output_dir: str = "outputs/run"
+    run_name: str = "run"
+
+
+def validate(cfg: TrainConfig, world_size: int) -> None:
+    """Checks that span groups; raise ValueError naming the keys and the fix."""
+    parallel = cfg.parallel.mode
+    if parallel in ("ddp", "fsdp2") and world_size < 2:
+        raise ValueError(
+            f"parallel={parallel} needs several processes but this run has {world_size}; launch with "
+            f"`torchrun --nproc_per_node N train.py parallel={parallel}` or use parallel=none"
+        )
+    if parallel == "none" and world_size > 1:
+        raise ValueError(
+            f"this run has {world_size} processes but parallel=none; pick parallel=ddp or parallel=fsdp2"
+        )
+    per_step = cfg.trainer.batch_size
+    if per_step % (world_size * cfg.trainer.grad_accum):
+        raise ValueError(
+            f"trainer.batch_size={per_step} must divide by world size x grad_accum = {world_size} x "
+            f"{cfg.trainer.grad_accum}; set trainer.batch_size to a multiple of {world_size * cfg.trainer.grad_accum}"
+        )
+    if cfg.model.train_expert_only and not cfg.model.preset.startswith("pi0"):
+        raise ValueError(
+            f"model.train_expert_only applies to pi0 presets only (there is no action expert in {cfg.model.preset!r})"
+        )
+    if cfg.data.source == "synthetic" and cfg.data.episodes is not None:
+        raise ValueError("data.episodes selects episodes of a lerobot dataset; drop it for data=synthetic")
+
+
+CONFIG_DIR = "configs"
+
+
+def _job_suffix() -> str:
+    """'' for a single run, '_<job number>' inside a Hydra multirun (distinct output dirs per job)."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        num = HydraConfig.get().job.num
+    except (ValueError, MissingMandatoryValue):  # no Hydra context, or a single run (num unset)
+        return ""
+    return "" if num is None else f"_{num}"
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore and the `${job_suffix:}` resolver (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    OmegaConf.register_new_resolver("job_suffix", _job_suffix, replace=True)
+
+
+def to_train_config(cfg: Any) -> TrainConfig:
+    """The composed DictConfig as a TrainConfig: runs every group's `__post_init__` checks."""
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        # to_object would silently fall back to the dataclass defaults for these.
+        raise ValueError(
+            f"missing required config values: {missing}; set them on the command line, e.g. "
+            + " ".join(f"{key}=..." for key in missing)
+        )
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def compose(overrides: list[str] | None = None, config_dir: str | None = None) -> TrainConfig:
+    """Compose configs/config.yaml with command-line style overrides (for tests and scripts)."""
+    from pathlib import Path
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    directory = Path(config_dir) if config_dir else Path(__file__).resolve().parents[2] / CONFIG_DIR
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
+        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
+    return to_train_config(cfg)

@@ -1,0 +1,475 @@
+"""The fit loop: one optimizer step = grad_accum micro-batches, clipping, the step, the schedule.
+
+Per step it logs loss, lr, grad norm, samples/s and the time split into data, forward+backward and
+optimizer step (with the optimizer's exposed communication where dmuon reports it). Non-finite
+losses stop the run (or skip up to trainer.max_skipped_steps steps first) before anything is saved.
+SIGINT / SIGTERM finish the current step, then save a checkpoint (trainer.save_on_interrupt) and
+stop; a second Ctrl-C aborts at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vla.training.config import TrainConfig, validate
+from vla.training.data import build_data
+from vla.training.ema import EMA
+from vla.training.optim import build_optimizer, build_scheduler
+from vla.training.parallel import prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
+from vla.training.tracking import Tracker
+
+
+class NonFiniteLossError(RuntimeError):
+    """Training produced a NaN/inf loss or gradient norm."""
+
+
+@dataclass
+class StepTimes:
+    data_s: float = 0.0
+    forward_backward_s: float = 0.0
+    optimizer_s: float = 0.0
+    optimizer_comm_s: float = 0.0
+
+    @property
+    def total_s(self) -> float:
+        return self.data_s + self.forward_backward_s + self.optimizer_s
+
+
+@dataclass
+class Summary:
+    """What a run reports at the end (also written to output_dir/summary.json)."""
+
+    output_dir: str
+    steps: int
+    final_loss: float | None
+    val_loss: float | None
+    median_step_s: dict[str, float] = field(default_factory=dict)
+    checkpoint: str | None = None
+    export: str | None = None
+    metrics: str | None = None
+    tensorboard: str | None = None
+    stopped_early: str | None = None
+
+
+class _StopFlag:
+    """Set by SIGINT/SIGTERM; checked (and agreed on by all ranks) at step boundaries."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: abort now
+        self.requested = True
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not the main thread
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _all_ranks_agree(flag: bool, device: torch.device) -> bool:
+    """True if any rank says True (so every rank takes the same branch)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    value = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item() > 0)
+
+
+def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        tensor /= dist.get_world_size()
+    return tensor.tolist()
+
+
+def _shared_output_dir(path: str, device: torch.device) -> Path:
+    """Rank 0's output directory, for every rank (their `${now:}` may differ by a second)."""
+    box = [path]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def _crash_for_tests(step: int, rank: int) -> None:
+    """Fault injection for the failure tests: VLA_TEST_CRASH_AT_STEP=<step> [VLA_TEST_CRASH_RANK=<rank>]."""
+    at = os.environ.get("VLA_TEST_CRASH_AT_STEP")
+    if at is not None and int(at) == step and int(os.environ.get("VLA_TEST_CRASH_RANK", rank)) == rank:
+        os._exit(17)  # a hard crash: no cleanup, no collective goodbye
+
+
+class Trainer:
+    """Builds everything from a TrainConfig and runs `fit()`."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        from vla.models import build_policy
+        from vla.training.checkpoint import CheckpointManager
+
+        self.cfg = cfg
+        trainer = cfg.trainer
+        torch.manual_seed(trainer.seed)  # identical initial weights on every rank
+        policy = build_policy(cfg.model.preset, **cfg.model.policy_overrides())
+        if cfg.model.weights:
+            _load_weights(policy, cfg.model.weights, cfg.model.weights_format)
+        self.accelerator = setup_accelerator(cfg.parallel, trainer.precision, shard_unit_classes(policy))
+        acc = self.accelerator
+        self.rank, self.world = acc.process_index, acc.num_processes
+        self.device = acc.device
+        validate(cfg, self.world)
+        self.output_dir = _shared_output_dir(cfg.output_dir, self.device)
+        self.is_main = acc.is_main_process
+        self.micro_batch = trainer.batch_size // (self.world * trainer.grad_accum)
+        self.data = build_data(
+            cfg.data,
+            policy.config,
+            micro_batch=self.micro_batch,
+            seed=trainer.seed,
+            rank=self.rank,
+            world=self.world,
+            device=self.device,
+        )
+        optimizer = build_optimizer(cfg.optim, policy)
+        self.routing = _describe_routing(optimizer)
+        self.model, self.optimizer = prepare(acc, policy, optimizer)
+        self.scheduler = build_scheduler(self.optimizer, trainer)
+        self.ema = EMA(self.model, trainer.ema_decay) if trainer.ema_decay else None
+        self.checkpoints = CheckpointManager(self.output_dir / "checkpoints", keep_last=trainer.keep_last)
+        self.tracker = Tracker(
+            self.output_dir,
+            enabled=self.is_main,
+            total_steps=trainer.steps,
+            progress_bar=trainer.progress_bar,
+            tensorboard=trainer.tensorboard,
+            wandb=trainer.wandb,
+            wandb_project=trainer.wandb_project,
+            run_name=cfg.run_name,
+            config=asdict(cfg),
+        )
+        self.step = 0
+        self.skipped = 0
+
+    # ------------------------------------------------------------------ persistence
+    def _write_run_files(self) -> None:
+        if not self.is_main:
+            return
+        from omegaconf import OmegaConf
+
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        (self.output_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(self.cfg)))
+        (self.output_dir / "processor.json").write_text(
+            json.dumps(self.data.processor.state_dict(), indent=1)
+        )
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "skipped": self.skipped,
+            "loader": self.data.train.state_dict(),
+            "global_batch": self.cfg.trainer.batch_size,
+        }
+
+    def save_checkpoint(self) -> Path:
+        extra = {"ema": self.ema.state_dict()} if self.ema else None
+        return self.checkpoints.save(
+            self.step,
+            unwrap(self.model),
+            _inner(self.optimizer),
+            scheduler=self.scheduler,
+            trainer_state=self._trainer_state(),
+            extra_state=extra,
+        )
+
+    def maybe_resume(self) -> Path | None:
+        path = self.checkpoints.resolve(self.cfg.trainer.resume)
+        if path is None:
+            return None
+        extra = {"ema": self.ema.state_dict()} if self.ema else None
+        state = self.checkpoints.load(
+            path, unwrap(self.model), _inner(self.optimizer), scheduler=self.scheduler, extra_state=extra
+        )
+        self.step = int(state["step"])
+        self.skipped = int(state.get("skipped", 0))
+        loader_state = dict(state["loader"])
+        if loader_state.get("world_size") != self.world:
+            # Same global batch on another world size: the global batches of a step are the same
+            # samples (one permutation, dealt round-robin), so the position carries over.
+            if state.get("global_batch") != self.cfg.trainer.batch_size:
+                raise ValueError(
+                    f"checkpoint {path} was trained with global batch {state.get('global_batch')}; resuming "
+                    f"with trainer.batch_size={self.cfg.trainer.batch_size} would change the trajectory"
+                )
+            loader_state.update(world_size=self.world, batch_size=self.micro_batch)
+        self.data.train.load_state_dict(loader_state)
+        self.tracker.print(f"resumed from {path} at step {self.step}")
+        return path
+
+    # ------------------------------------------------------------------ steps
+    def _forward_backward(self, batches: list[Any]) -> tuple[float, dict[str, float]]:
+        model, acc = self.model, self.accelerator
+        accum = len(batches)
+        total = 0.0
+        metric_sums: dict[str, float] = {}
+        for i, batch in enumerate(batches):
+            sync = i == accum - 1
+            context = contextlib.nullcontext() if sync or self.world == 1 else acc.no_sync(model)
+            with context, acc.autocast():
+                loss, metrics = model(batch)
+                acc.backward(loss / accum)
+            total += float(loss.detach()) / accum
+            for key, value in metrics.items():
+                metric_sums[key] = metric_sums.get(key, 0.0) + float(value) / accum
+        return total, metric_sums
+
+    def _clip(self) -> float:
+        max_norm = self.cfg.trainer.clip_grad_norm
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if max_norm is None:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        else:
+            norm = self.accelerator.clip_grad_norm_(params, max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    @torch.no_grad()
+    def validate(self) -> float | None:
+        loader = self.data.val
+        if loader is None or self.cfg.trainer.val_batches == 0:
+            return None
+        self.model.eval()
+        loader.epoch, loader.batches_in_epoch = 0, 0  # the same held-out batches every time
+        losses = []
+        ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
+        with torch.random.fork_rng(devices=[]), ema:
+            torch.manual_seed(1234 + self.rank)  # flow-matching noise and times fixed across validations
+            for batch, _ in zip(loader, range(self.cfg.trainer.val_batches)):
+                with self.accelerator.autocast():
+                    loss, _ = self.model(batch)
+                losses.append(float(loss))
+        reshard(self.model)
+        self.model.train()
+        return _mean_over_ranks([statistics.fmean(losses)], self.device)[0] if losses else None
+
+    def fit(self) -> Summary:
+        cfg = self.cfg.trainer
+        self._write_run_files()
+        self.tracker.print(
+            f"run {self.cfg.run_name}: {self.cfg.model.preset} with {self.cfg.optim.name} on {self.world} "
+            f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
+        )
+        self.tracker.print(self.routing)
+        self.maybe_resume()
+        iterator = self.data.train.forever()
+        history: list[StepTimes] = []
+        last_loss: float | None = None
+        val_loss: float | None = None
+        stopped: str | None = None
+        self.model.train()
+        with _StopFlag() as stop:
+            while self.step < cfg.steps:
+                _crash_for_tests(self.step, self.rank)
+                times = StepTimes()
+                start = time.perf_counter()
+                batches = [next(iterator) for _ in range(cfg.grad_accum)]
+                times.data_s = time.perf_counter() - start
+
+                start = time.perf_counter()
+                loss, metrics = self._forward_backward(batches)
+                grad_norm = self._clip()
+                times.forward_backward_s = time.perf_counter() - start
+
+                finite = math.isfinite(loss) and math.isfinite(grad_norm)
+                if _all_ranks_agree(not finite, self.device) and not self._handle_non_finite(loss, grad_norm):
+                    continue
+                start = time.perf_counter()
+                self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.ema is not None:
+                    self.ema.update(self.model)
+                times.optimizer_s = time.perf_counter() - start
+                times.optimizer_comm_s = getattr(_inner(self.optimizer), "last_step_stats", {}).get(
+                    "comm_wait_s", 0.0
+                )
+                history.append(times)
+
+                self.step += 1
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
+                    loss_mean, norm_mean, *metric_means = _mean_over_ranks(
+                        [loss, grad_norm, *metrics.values()], self.device
+                    )
+                    last_loss = loss_mean
+                    record = {
+                        "loss": loss_mean,
+                        "grad_norm": norm_mean,
+                        **_learning_rates(self.optimizer),
+                        "samples_per_s": cfg.batch_size / times.total_s,
+                        "step_s": times.total_s,
+                        "data_s": times.data_s,
+                        "forward_backward_s": times.forward_backward_s,
+                        "optimizer_s": times.optimizer_s,
+                        "optimizer_comm_s": times.optimizer_comm_s,
+                    }
+                    record.update({k: v for k, v in zip(metrics, metric_means) if k != "loss"})
+                    self.tracker.log(self.step - 1, record)
+                if self.step % cfg.val_every == 0 or self.step == cfg.steps:
+                    val_loss = self.validate()
+                    if val_loss is not None:
+                        self.tracker.log(self.step - 1, {"loss": val_loss}, prefix="val")
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    path = self.save_checkpoint()
+                    self.tracker.print(f"checkpoint {path}")
+                if _all_ranks_agree(stop.requested, self.device):
+                    stopped = f"interrupted at step {self.step}"
+                    if cfg.save_on_interrupt and self.step % cfg.checkpoint_every != 0:
+                        path = self.save_checkpoint()
+                        self.tracker.print(f"interrupted: saved {path}")
+                    break
+        export = None
+        if cfg.export_safetensors and stopped is None:
+            export = self.output_dir / "policy.safetensors"
+            metadata = {"policy_config": json.dumps(unwrap(self.model).config.to_dict())}
+            ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
+            with ema:
+                self.checkpoints.export_safetensors(unwrap(self.model), export, metadata=metadata)
+        summary = self._summary(history, last_loss, val_loss, export, stopped)
+        self.tracker.close()
+        return summary
+
+    def _handle_non_finite(self, loss: float, grad_norm: float) -> bool:
+        """Skip this step (True: keep training) or raise, naming the step and the metric."""
+        culprit = "loss" if not math.isfinite(loss) else "grad_norm"
+        value = loss if culprit == "loss" else grad_norm
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.cfg.trainer.nan_policy == "skip" and self.skipped < self.cfg.trainer.max_skipped_steps:
+            self.skipped += 1
+            self.tracker.print(
+                f"step {self.step + 1}: {culprit} is {value} on some rank; skipped "
+                f"({self.skipped}/{self.cfg.trainer.max_skipped_steps})"
+            )
+            self.step += 1
+            return False
+        raise NonFiniteLossError(
+            f"step {self.step + 1}: {culprit} is {value} (on at least one rank); stopping before the optimizer "
+            "step so no checkpoint holds it. Lower optim.lr, check the data, or set trainer.nan_policy=skip "
+            "with trainer.max_skipped_steps > 0"
+        )
+
+    def _summary(
+        self,
+        history: list[StepTimes],
+        last_loss: float | None,
+        val_loss: float | None,
+        export: Path | None,
+        stopped: str | None,
+    ) -> Summary:
+        steady = history[1:] if len(history) > 1 else history  # the first step builds state and plans
+        medians = {}
+        if steady:
+            for key in ("data_s", "forward_backward_s", "optimizer_s", "optimizer_comm_s", "total_s"):
+                medians[key] = statistics.median(getattr(t, key) for t in steady)
+        latest = self.checkpoints.latest()
+        summary = Summary(
+            output_dir=str(self.output_dir),
+            steps=self.step,
+            final_loss=last_loss,
+            val_loss=val_loss,
+            median_step_s=medians,
+            checkpoint=str(latest) if latest else None,
+            export=str(export) if export else None,
+            metrics=str(self.tracker.metrics_path),
+            tensorboard=str(self.output_dir / "tb") if self.cfg.trainer.tensorboard else None,
+            stopped_early=stopped,
+        )
+        if self.is_main:
+            (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
+            self.tracker.print(format_summary(summary))
+        return summary
+
+
+def format_summary(summary: Summary) -> str:
+    m = summary.median_step_s
+    lines = [
+        "",
+        f"done: {summary.steps} steps" + (f" ({summary.stopped_early})" if summary.stopped_early else ""),
+        f"  final train loss  {summary.final_loss:.4f}"
+        if summary.final_loss is not None
+        else "  final train loss  -",
+        f"  validation loss   {summary.val_loss:.4f}"
+        if summary.val_loss is not None
+        else "  validation loss   -",
+    ]
+    if m:
+        lines.append(
+            f"  step time (median) {m['total_s']:.3f}s = data {m['data_s']:.3f} + forward/backward "
+            f"{m['forward_backward_s']:.3f} + optimizer {m['optimizer_s']:.3f} (exposed comm {m['optimizer_comm_s']:.3f})"
+        )
+    lines += [
+        f"  checkpoint        {summary.checkpoint}",
+        f"  policy export     {summary.export}",
+        f"  metrics           {summary.metrics}",
+        f"  tensorboard       {summary.tensorboard}",
+    ]
+    return "\n".join(lines)
+
+
+def _learning_rates(optimizer: Any) -> dict[str, float]:
+    """lr of the first Muon group (or the only AdamW) and, for Muon, the AdamW side's as adamw_lr."""
+    groups = _inner(optimizer).param_groups
+    muon = [g["lr"] for g in groups if g.get("algorithm") == "muon"]
+    adamw = [g["lr"] for g in groups if g.get("algorithm", "adamw") == "adamw"]
+    rates = {"lr": muon[0] if muon else adamw[0]}
+    if muon and adamw:
+        rates["adamw_lr"] = adamw[0]
+    return rates
+
+
+def _inner(optimizer: Any) -> torch.optim.Optimizer:
+    """The optimizer under Accelerate's AcceleratedOptimizer wrapper."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _describe_routing(optimizer: torch.optim.Optimizer) -> str:
+    import dmuon
+
+    if isinstance(optimizer, dmuon.Muon):
+        return "optimizer routing (dmuon.param_groups):\n" + dmuon.describe_param_groups(
+            optimizer.param_groups
+        )
+    count = sum(p.numel() for g in optimizer.param_groups for p in g["params"])
+    return f"optimizer: {type(optimizer).__name__} on {count:,} parameters"
+
+
+def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
+    from vla.models.weights import load_paligemma_weights, load_pi0_weights
+
+    if not Path(path).exists():
+        raise FileNotFoundError(
+            f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
+        )
+    (load_pi0_weights if fmt == "lerobot_pi0" else load_paligemma_weights)(policy, path)
+
+
+def run(cfg: TrainConfig) -> Summary:
+    """Build and fit (the body of train.py)."""
+    return Trainer(cfg).fit()

@@ -1,0 +1,71 @@
+"""Optimizer and learning-rate schedule from the `optim` and `trainer` config groups."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+import dmuon
+from vla.training.config import OptimConfig, TrainerConfig
+
+
+def routing_rules(cfg: OptimConfig) -> list[dict]:
+    """User rules first (first match wins), then the policies' input/output maps to AdamW."""
+    return [
+        *[dict(rule) for rule in cfg.routing_rules],
+        {"pattern": cfg.adamw_patterns, "algorithm": "adamw"},
+    ]
+
+
+def build_optimizer(cfg: OptimConfig, policy: nn.Module) -> torch.optim.Optimizer:
+    """AdamW, the naive Muon baseline, or dmuon, over the policy's trainable parameters."""
+    if cfg.name == "adamw":
+        params = [p for p in policy.parameters() if p.requires_grad]
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
+    groups = dmuon.param_groups(policy, routing_rules(cfg))
+    naive = cfg.name == "muon"
+    return dmuon.Muon(
+        groups,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        nesterov=cfg.nesterov,
+        weight_decay=cfg.weight_decay,
+        adjust_lr=cfg.adjust_lr,
+        ns_algorithm=cfg.ns_algorithm,
+        ns_coefficients=cfg.ns_coefficients,
+        ns_steps=cfg.ns_steps,
+        adamw_lr=cfg.adamw_lr,
+        adamw_betas=tuple(cfg.betas),
+        adamw_eps=cfg.eps,
+        adamw_weight_decay=cfg.adamw_weight_decay,
+        distribution="naive" if naive else "owner",
+        planner=cfg.planner,
+        cost_model=cfg.cost_model,
+        bucket_mb=cfg.bucket_mb,
+        overlap=cfg.overlap,
+    )
+
+
+def lr_multiplier(step: int, cfg: TrainerConfig) -> float:
+    """Linear warmup to 1, then cosine / linear decay to min_lr_ratio at the last step (or constant)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / (cfg.warmup_steps + 1)
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps - 1))
+    if cfg.schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: TrainerConfig
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """Scales every group's lr (Muon's and AdamW's alike) by `lr_multiplier`."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg))

@@ -1,0 +1,102 @@
+"""Devices and processes: the one place that talks to Accelerate.
+
+`setup_accelerator` returns an Accelerator for parallel=none | ddp | fsdp2. `prepare` wraps the
+policy and the optimizer (DDP, or FSDP2 on every `policy.shard_units()` class plus the root) and
+registers the policy's non-forward entry points with FSDP2 so they gather parameters as forward does.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import (
+    DistributedDataParallelKwargs,
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    InitProcessGroupKwargs,
+)
+from torch import nn
+
+from vla.training.config import ParallelConfig
+
+
+def setup_accelerator(parallel: ParallelConfig, precision: str, shard_unit_classes: list[str]) -> Accelerator:
+    """An Accelerator for this process; raises if the launch does not fit `parallel.mode`."""
+    mixed_precision = {"fp32": "no", "bf16": "bf16"}[precision]
+    kwargs: dict[str, Any] = {
+        "mixed_precision": mixed_precision,
+        "cpu": not torch.cuda.is_available(),
+        "kwargs_handlers": [
+            InitProcessGroupKwargs(timeout=timedelta(seconds=parallel.timeout_s), backend=parallel.backend)
+        ],
+    }
+    plugin = None
+    if parallel.mode == "fsdp2":
+        plugin = FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            auto_wrap_policy="transformer_based_wrap",
+            transformer_cls_names_to_wrap=shard_unit_classes,
+            reshard_after_forward=parallel.reshard_after_forward,
+        )
+        kwargs["fsdp_plugin"] = plugin
+    elif parallel.mode == "ddp":
+        # Every trainable parameter of our policies gets a gradient (vla.models freezes the dead ones),
+        # so DDP need not search for unused parameters.
+        kwargs["kwargs_handlers"].append(DistributedDataParallelKwargs(find_unused_parameters=False))
+    accelerator = Accelerator(**kwargs)
+    if plugin is not None and accelerator.state.distributed_type != DistributedType.FSDP:
+        # Accelerate enables FSDP only for GPU-type devices and silently falls back to DDP on CPU.
+        # Its FSDP2 code path itself runs on CPU (sharding, clipping, state dicts all work), so we
+        # select it explicitly: the run then really shards, as it would on GPUs.
+        accelerator.state.distributed_type = DistributedType.FSDP
+        accelerator.state.fsdp_plugin = plugin
+        if mixed_precision != "no":
+            plugin.set_mixed_precision(mixed_precision)
+    return accelerator
+
+
+def shard_unit_classes(policy: nn.Module) -> list[str]:
+    """Class names of the modules FSDP2 wraps one by one (each layer pair, each vision block)."""
+    return sorted({type(module).__name__ for module in policy.shard_units()})
+
+
+def prepare(
+    accelerator: Accelerator, policy: nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[nn.Module, Any]:
+    """Wrap policy and optimizer for the launch; the optimizer's params become the live ones."""
+    model, optimizer = accelerator.prepare(policy, optimizer)
+    if accelerator.distributed_type == DistributedType.FSDP:
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        # FSDP2 gathers parameters around forward(); the training loop and evaluation call these.
+        for method in ("compute_loss", "sample_actions"):
+            register_fsdp_forward_method(model, method)
+    return model, optimizer
+
+
+def reshard(model: nn.Module) -> None:
+    """Return FSDP2 parameters to their sharded form after a forward without backward.
+
+    FSDP2 keeps the root's parameters gathered after forward (backward would gather them again);
+    an evaluation forward has no backward, so without this the module would hold plain full
+    tensors in place of its DTensor parameters until the next training step.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The policy under DDP's wrapper (FSDP2 modules are the policy itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())

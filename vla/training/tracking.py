@@ -1,0 +1,113 @@
+"""Where metrics go: a rich progress bar, metrics.jsonl, TensorBoard, and wandb when configured.
+
+Only rank 0 writes; other ranks get a disabled tracker with the same interface.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class Tracker:
+    """Writes one JSON object per logged step to `metrics.jsonl` (and the same scalars elsewhere)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        *,
+        enabled: bool,
+        total_steps: int,
+        progress_bar: bool = True,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        wandb_project: str = "vla",
+        run_name: str = "run",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.enabled = enabled
+        self.console = Console(stderr=False, soft_wrap=True)
+        self.metrics_path = output_dir / "metrics.jsonl"
+        self._file = None
+        self._tb = None
+        self._wandb = None
+        self._progress: Progress | None = None
+        self._task = None
+        if not enabled:
+            return
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self._file = self.metrics_path.open("a", buffering=1)
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(output_dir / "tb"))
+        if wandb:
+            try:
+                import wandb as wandb_module
+            except ImportError as exc:
+                raise ValueError(
+                    "trainer.wandb=true needs `pip install wandb` (or set trainer.wandb=false)"
+                ) from exc
+            self._wandb = wandb_module.init(
+                project=wandb_project, name=run_name, config=config, dir=str(output_dir)
+            )
+        if progress_bar and self.console.is_terminal:
+            self._progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+            )
+            self._task = self._progress.add_task("train", total=total_steps, status="")
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, float], *, prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "split": prefix, "time": time.time(), **metrics}
+        assert self._file is not None
+        self._file.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in metrics.items():
+                self._tb.add_scalar(f"{prefix}/{key}", value, step)
+        if self._wandb is not None:
+            self._wandb.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step=step)
+        if prefix == "train":
+            status = "  ".join(f"{k} {metrics[k]:.4g}" for k in ("loss", "lr", "step_s") if k in metrics)
+            if self._progress is not None:
+                self._progress.update(self._task, completed=step + 1, status=status)
+            else:
+                self.console.print(f"step {step + 1}: {status}", highlight=False, markup=False)
+        else:
+            self.print(
+                f"[{prefix}] step {step + 1}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            )
+
+    def print(self, text: str) -> None:
+        if self.enabled:
+            self.console.print(text, highlight=False, markup=False)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._file is not None:
+            self._file.close()
