@@ -17,6 +17,7 @@ from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRMS
 from vla.models.action_tokenizer import ActionTokenizer
 from vla.models.config import OpenVLAConfig
 from vla.models.contract import as_observation, check_batch, check_observation
+from vla.models.losses import per_sample_masked_mean
 from vla.models.masks import make_attention_mask, positions_from_pad_mask
 from vla.models.paligemma import PaliGemmaEmbedder, gemma_config, set_layer_checkpointing
 from vla.types import Batch, Observation
@@ -117,14 +118,13 @@ class OpenVLAPolicy(nn.Module):
         logits = self._logits(predictor_hidden)  # (B, T, V)
 
         token_weights = (~batch.action_is_pad.bool()).repeat_interleave(d, dim=1).to(logits.dtype)
-        count = token_weights.sum().clamp_min(1.0)
         cross_entropy = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-        loss = (cross_entropy.view(b, num_tokens) * token_weights).sum() / count
+        loss = per_sample_masked_mean(cross_entropy.view(b, num_tokens), token_weights)
         with torch.no_grad():
             predicted = self._greedy_action_tokens(logits)
-            accuracy = ((predicted == targets).to(logits.dtype) * token_weights).sum() / count
+            accuracy = per_sample_masked_mean((predicted == targets).to(logits.dtype), token_weights)
             decoded = self.action_tokenizer.decode(predicted).view(b, h, d)
-            l1 = ((decoded - actions.float()).abs().flatten(1) * token_weights).sum() / count
+            l1 = per_sample_masked_mean((decoded - actions.float()).abs().flatten(1), token_weights)
         return loss, {"loss": loss.detach(), "token_accuracy": accuracy, "l1": l1}
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from vla.models.config import Pi0Config
 from vla.models.contract import as_observation, check_batch, check_observation
 from vla.models.flow_matching import euler_integrate, sample_flow_time, sinusoidal_time_embedding
 from vla.models.joint_gemma import JointDecoderLayer, LayerKV
+from vla.models.losses import per_sample_masked_mean
 from vla.models.masks import make_attention_mask, positions_from_pad_mask
 from vla.models.paligemma import PaliGemmaEmbedder, gemma_config, set_layer_checkpointing
 from vla.types import Batch, Observation
@@ -140,11 +141,10 @@ class Pi0Policy(nn.Module):
 
         weights = (~batch.action_is_pad.bool())[:, :, None] & batch.action_dim_mask.bool()[:, None, :]
         weights = weights.to(velocity.dtype)
-        count = weights.sum().clamp_min(1.0)
-        loss = ((velocity - target_velocity).square() * weights).sum() / count
+        loss = per_sample_masked_mean((velocity - target_velocity).square(), weights)
         with torch.no_grad():
             action_estimate = x_t - t * velocity
-            action_l1 = ((action_estimate - actions).abs() * weights).sum() / count
+            action_l1 = per_sample_masked_mean((action_estimate - actions).abs(), weights)
         return loss, {"loss": loss.detach(), "action_l1": action_l1}
 
     @torch.no_grad()

@@ -304,10 +304,30 @@ def register_configs() -> None:
     OmegaConf.register_new_resolver("job_suffix", _job_suffix, replace=True)
 
 
+def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
+    """Keys added with Hydra's `+key=value` slip past the typed schema; name them and the known ones."""
+    import dataclasses
+
+    known = {f.name: f for f in dataclasses.fields(schema)}
+    for key in node:
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), list(known), n=1)
+            fix = f" (did you mean {prefix}{hint[0]}?)" if hint else ""
+            raise ValueError(
+                f"unknown config key {prefix}{key}{fix}; {prefix.rstrip('.') or 'the root'} has {sorted(known)}"
+            )
+        default = (
+            known[key].default_factory() if known[key].default_factory is not dataclasses.MISSING else None
+        )
+        if dataclasses.is_dataclass(default):
+            _reject_unknown_keys(node[key], type(default), f"{prefix}{key}.")
+
+
 def to_train_config(cfg: Any) -> TrainConfig:
     """The composed DictConfig as a TrainConfig: runs every group's `__post_init__` checks."""
     from omegaconf import OmegaConf
 
+    _reject_unknown_keys(cfg, TrainConfig, "")
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         # to_object would silently fall back to the dataclass defaults for these.
@@ -320,6 +340,11 @@ def to_train_config(cfg: Any) -> TrainConfig:
 
 def compose(overrides: list[str] | None = None, config_dir: str | None = None) -> TrainConfig:
     """Compose configs/config.yaml with command-line style overrides (for tests and scripts)."""
+    return compose_many([list(overrides or [])], config_dir)[0]
+
+
+def compose_many(override_sets: list[list[str]], config_dir: str | None = None) -> list[TrainConfig]:
+    """Several compositions under one Hydra initialisation (initialising costs more than composing)."""
     from pathlib import Path
 
     from hydra import compose as hydra_compose
@@ -330,5 +355,4 @@ def compose(overrides: list[str] | None = None, config_dir: str | None = None) -
     directory = Path(config_dir) if config_dir else Path(__file__).resolve().parents[2] / CONFIG_DIR
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
-        cfg = hydra_compose(config_name="config", overrides=list(overrides or []))
-    return to_train_config(cfg)
+        return [to_train_config(hydra_compose(config_name="config", overrides=o)) for o in override_sets]

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from vla.training.config import TrainConfig, validate
 from vla.training.data import build_data
 from vla.training.ema import EMA
+from vla.training.noise import flow_matching_inputs
 from vla.training.optim import build_optimizer, build_scheduler
 from vla.training.parallel import prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.tracking import Tracker
@@ -61,6 +62,8 @@ class Summary:
     metrics: str | None = None
     tensorboard: str | None = None
     stopped_early: str | None = None
+    world_size: int = 1
+    layout: dict[str, Any] = field(default_factory=dict)
 
 
 class _StopFlag:
@@ -116,6 +119,13 @@ def _crash_for_tests(step: int, rank: int) -> None:
     at = os.environ.get("VLA_TEST_CRASH_AT_STEP")
     if at is not None and int(at) == step and int(os.environ.get("VLA_TEST_CRASH_RANK", rank)) == rank:
         os._exit(17)  # a hard crash: no cleanup, no collective goodbye
+
+
+def _exit_for_tests(step: int) -> None:
+    """Resume tests: VLA_TEST_EXIT_AFTER_STEP=<step> ends the run right after that step's checkpoint."""
+    at = os.environ.get("VLA_TEST_EXIT_AFTER_STEP")
+    if at is not None and int(at) == step:
+        raise SystemExit(f"VLA_TEST_EXIT_AFTER_STEP={at}")
 
 
 class Trainer:
@@ -224,6 +234,22 @@ class Trainer:
         return path
 
     # ------------------------------------------------------------------ steps
+    def _loss_inputs(self, batch: Any, stream: str) -> dict[str, Any]:
+        """Per-sample noise and flow times for pi0 (see vla.training.noise); nothing for other policies."""
+        config = unwrap(self.model).config
+        if config.kind != "pi0":
+            return {}
+        noise, time = flow_matching_inputs(
+            batch,
+            seed=self.cfg.trainer.seed,
+            step=self.step if stream == "train" else 0,
+            stream=stream,
+            alpha=config.time_beta_alpha,
+            beta=config.time_beta_beta,
+            time_min=config.time_min,
+        )
+        return {"noise": noise, "time": time}
+
     def _forward_backward(self, batches: list[Any]) -> tuple[float, dict[str, float]]:
         model, acc = self.model, self.accelerator
         accum = len(batches)
@@ -232,8 +258,9 @@ class Trainer:
         for i, batch in enumerate(batches):
             sync = i == accum - 1
             context = contextlib.nullcontext() if sync or self.world == 1 else acc.no_sync(model)
+            inputs = self._loss_inputs(batch, "train")
             with context, acc.autocast():
-                loss, metrics = model(batch)
+                loss, metrics = model(batch, **inputs)
                 acc.backward(loss / accum)
             total += float(loss.detach()) / accum
             for key, value in metrics.items():
@@ -260,11 +287,11 @@ class Trainer:
         loader.epoch, loader.batches_in_epoch = 0, 0  # the same held-out batches every time
         losses = []
         ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
-        with torch.random.fork_rng(devices=[]), ema:
-            torch.manual_seed(1234 + self.rank)  # flow-matching noise and times fixed across validations
+        with ema:
             for batch, _ in zip(loader, range(self.cfg.trainer.val_batches)):
+                inputs = self._loss_inputs(batch, "val")  # the same noise every validation
                 with self.accelerator.autocast():
-                    loss, _ = self.model(batch)
+                    loss, _ = self.model(batch, **inputs)
                 losses.append(float(loss))
         reshard(self.model)
         self.model.train()
@@ -302,6 +329,7 @@ class Trainer:
                 if _all_ranks_agree(not finite, self.device) and not self._handle_non_finite(loss, grad_norm):
                     continue
                 start = time.perf_counter()
+                rates = _learning_rates(self.optimizer)  # the lr this step uses
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -322,7 +350,7 @@ class Trainer:
                     record = {
                         "loss": loss_mean,
                         "grad_norm": norm_mean,
-                        **_learning_rates(self.optimizer),
+                        **rates,
                         "samples_per_s": cfg.batch_size / times.total_s,
                         "step_s": times.total_s,
                         "data_s": times.data_s,
@@ -339,6 +367,7 @@ class Trainer:
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     path = self.save_checkpoint()
                     self.tracker.print(f"checkpoint {path}")
+                    _exit_for_tests(self.step)
                 if _all_ranks_agree(stop.requested, self.device):
                     stopped = f"interrupted at step {self.step}"
                     if cfg.save_on_interrupt and self.step % cfg.checkpoint_every != 0:
@@ -400,11 +429,27 @@ class Trainer:
             metrics=str(self.tracker.metrics_path),
             tensorboard=str(self.output_dir / "tb") if self.cfg.trainer.tensorboard else None,
             stopped_early=stopped,
+            world_size=self.world,
+            layout=parameter_layout(self.model),
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
             self.tracker.print(format_summary(summary))
         return summary
+
+
+def parameter_layout(model: torch.nn.Module) -> dict[str, Any]:
+    """How this rank holds the parameters: DTensor count, placements, and bytes held locally."""
+    placements: set[str] = set()
+    dtensors = 0
+    local_bytes = 0
+    for p in model.parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        local_bytes += local.numel() * local.element_size()
+        if hasattr(p, "placements"):
+            dtensors += 1
+            placements.add(str(tuple(p.placements)))
+    return {"dtensor_params": dtensors, "placements": sorted(placements), "local_param_bytes": local_bytes}
 
 
 def format_summary(summary: Summary) -> str:
@@ -471,5 +516,9 @@ def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
 
 
 def run(cfg: TrainConfig) -> Summary:
-    """Build and fit (the body of train.py)."""
-    return Trainer(cfg).fit()
+    """Build and fit (the body of train.py); the process group is torn down however the run ends."""
+    try:
+        return Trainer(cfg).fit()
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,149 @@
+"""Single-process training runs: output layout, learning, resume == uninterrupted, NaN stop, Ctrl-C."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from _trainer_runs import ROOT, losses, metrics, run_in_process, summary, tiny_overrides
+
+from vla.training.checkpoint import load_safetensors_into, read_safetensors_metadata
+from vla.training.loop import NonFiniteLossError
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_run_writes_config_metrics_tensorboard_checkpoints_and_export(synthetic_dataset, tmp_path) -> None:
+    out = tmp_path / "run"
+    result = run_in_process(
+        tiny_overrides(
+            synthetic_dataset, out, "trainer.steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=2"
+        )
+    )
+    assert result.steps == 6 and result.final_loss is not None and result.val_loss is not None
+    assert (out / "config.yaml").read_text().count("preset: pi0_tiny") == 1
+    rows = metrics(out)
+    assert [r["step"] for r in rows] == list(range(6))
+    for key in (
+        "loss",
+        "grad_norm",
+        "lr",
+        "adamw_lr",
+        "samples_per_s",
+        "data_s",
+        "forward_backward_s",
+        "optimizer_s",
+    ):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert rows[0]["lr"] < rows[1]["lr"]  # warmup
+    assert len(metrics(out, "val")) == 1  # val_every=50 > steps: once, at the end
+    assert list((out / "tb").glob("events.out.tfevents.*"))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004", "step_00000006"]
+    assert (out / "processor.json").is_file() and summary(out)["steps"] == 6
+    # The consolidated export loads into a fresh policy and carries its config.
+    from vla.models import build_policy
+
+    fresh = build_policy("pi0_tiny")
+    load_safetensors_into(fresh, out / "policy.safetensors")
+    assert "policy_config" in read_safetensors_metadata(out / "policy.safetensors")
+
+
+def test_training_lowers_the_loss(synthetic_dataset, tmp_path) -> None:
+    out = tmp_path / "run"
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset,
+            out,
+            "trainer.steps=40",
+            "trainer.warmup_steps=4",
+            "trainer.checkpoint_every=40",
+        )
+    )
+    train = losses(out)
+    assert sum(train[-8:]) / 8 < 0.8 * sum(train[:3]) / 3, train
+
+
+@pytest.mark.parametrize("optim", ["dmuon", "adamw"])
+def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim) -> None:
+    common = [f"optim={optim}", "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.ema_decay=0.9"]
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run_in_process(tiny_overrides(synthetic_dataset, straight, *common))
+    with pytest.raises(SystemExit):  # the first half "crashes" right after step 3's checkpoint
+        os.environ["VLA_TEST_EXIT_AFTER_STEP"] = "3"
+        try:
+            run_in_process(tiny_overrides(synthetic_dataset, split, *common))
+        finally:
+            del os.environ["VLA_TEST_EXIT_AFTER_STEP"]
+    assert len(losses(split)) == 3
+    run_in_process(tiny_overrides(synthetic_dataset, split, *common, "trainer.resume=auto"))
+    assert losses(split) == losses(straight)  # bitwise: same data, noise, lr, optimizer and EMA state
+    assert metrics(split, "val")[-1]["loss"] == metrics(straight, "val")[-1]["loss"]
+    a = torch.load(straight / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
+    b = torch.load(split / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
+    assert a["trainer_state"]["loader"] == b["trainer_state"]["loader"]
+
+
+def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, monkeypatch) -> None:
+    from vla.models.pi0 import Pi0Policy
+
+    original = Pi0Policy.compute_loss
+    calls = {"n": 0}
+
+    def poisoned(self, batch, **kwargs):
+        loss, metrics_ = original(self, batch, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan"), metrics_) if calls["n"] == 4 else (loss, metrics_)
+
+    monkeypatch.setattr(Pi0Policy, "compute_loss", poisoned)
+    out = tmp_path / "stop"
+    with pytest.raises(NonFiniteLossError, match=r"step 4: loss is nan.*nan_policy=skip"):
+        run_in_process(
+            tiny_overrides(synthetic_dataset, out, "trainer.steps=6", "trainer.checkpoint_every=2")
+        )
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
+        "step_00000002"
+    ]  # nothing after the NaN
+
+    calls["n"] = 0
+    skipped = tmp_path / "skip"
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset,
+            skipped,
+            "trainer.steps=6",
+            "trainer.nan_policy=skip",
+            "trainer.max_skipped_steps=1",
+        )
+    )
+    assert len(losses(skipped)) == 5 and all(math.isfinite(x) for x in losses(skipped))
+
+
+def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(synthetic_dataset, tmp_path) -> None:
+    out = tmp_path / "interrupted"
+    overrides = tiny_overrides(
+        synthetic_dataset, out, "trainer.steps=100000", "trainer.checkpoint_every=100000"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "train.py", *overrides],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    deadline = time.monotonic() + 120
+    while not (out / "metrics.jsonl").is_file() or len(metrics(out)) < 2:
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output
+    assert "interrupted: saved" in output
+    saved = sorted((out / "checkpoints").iterdir())
+    assert len(saved) == 1 and int(saved[0].name.split("_")[1]) == len(metrics(out))
