@@ -8,7 +8,7 @@ shapes on the meta device, materialises them as FSDP2-sharded (Shard(0)) stand-i
 gradients and times `optimizer.step()` between barriers: median of --steps after --warmup (the
 first step builds state and the plan). Configurations:
 
-  adamw          torch.optim.AdamW (foreach) on every parameter
+  adamw          torch.optim.AdamW (fused) on every parameter
   naive          Muon, the DMuon paper's vanilla baseline: every rank all-gathers every matrix and
                  orthogonalises all of them, one standard-NS call each (fp32)
   dmuon_std      dmuon owners (LPT) with standard NS: the gain from sharing the work alone
@@ -74,7 +74,7 @@ def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float,
     import dmuon
 
     if config is None:
-        return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
+        return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
     class Named(torch.nn.Module):  # routing by the preset's real names
         def named_parameters(self, *args, **kwargs):
