@@ -76,14 +76,16 @@ def build_optimizer(model: StandIn, config: dict | None, milp_time_limit: float,
     if config is None:
         return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
-    class Named(torch.nn.Module):  # routing by the preset's real names
+    from vla.training.config import OptimConfig
+    from vla.training.optim import routing_rules
+
+    class Named(torch.nn.Module):  # routing by the preset's real names, as the trainer routes them
         def named_parameters(self, *args, **kwargs):
             return iter(model.original_named_parameters())
 
     options = {"bucket_mb": bucket_mb, **config} if config.get("distribution") != "naive" else config
-    return dmuon.Muon(
-        dmuon.param_groups(Named()), lr=0.02, adamw_lr=1e-4, milp_time_limit=milp_time_limit, **options
-    )
+    groups = dmuon.param_groups(Named(), routing_rules(OptimConfig()))
+    return dmuon.Muon(groups, lr=0.02, adamw_lr=1e-4, milp_time_limit=milp_time_limit, **options)
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -109,7 +111,7 @@ def worker(args: argparse.Namespace) -> None:
             p.grad = torch.zeros_like(p)
             local = p.grad.to_local()
             local.copy_(torch.randn(local.shape, generator=gen))
-        times = []
+        times, phases = [], []
         for step in range(args.warmup + args.steps):
             dist.barrier()
             start = time.perf_counter()
@@ -117,7 +119,10 @@ def worker(args: argparse.Namespace) -> None:
             dist.barrier()
             if step >= args.warmup:
                 times.append(time.perf_counter() - start)
+                phases.append(dict(getattr(opt, "last_step_stats", {})))
         results[name] = {"median_s": statistics.median(times), "samples_s": times}
+        if phases and phases[0]:
+            results[name]["phases_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
         if (
             config is not None
             and config.get("distribution") != "naive"
@@ -146,14 +151,24 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
     print(
         f"\noptimizer.step() on {args.preset} stand-ins, FSDP2 over {world} gloo ranks, median of {args.steps}"
     )
-    print(f"{'config':<14} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'plan eff.':>9}")
+    print(
+        f"{'config':<14} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'plan eff.':>9}   "
+        "phases ms (momentum / orthogonalize (comm wait) / apply / adamw)"
+    )
     for name, row in results.items():
         speedup = naive / row["median_s"] if naive else float("nan")
         over_adamw = row["median_s"] / adamw if adamw else float("nan")
         row["speedup_vs_naive"], row["ratio_vs_adamw"] = speedup, over_adamw
         efficiency = row.get("plan", {}).get("efficiency")
         eff = f"{efficiency:.3f}" if efficiency is not None else "-"
-        print(f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}")
+        ph = row.get("phases_s")
+        phases = (
+            f"{ph['momentum_s'] * 1e3:.0f} / {ph['orthogonalize_s'] * 1e3:.0f} ({ph['comm_wait_s'] * 1e3:.0f}) / "
+            f"{ph['apply_s'] * 1e3:.0f} / {ph['adamw_s'] * 1e3:.0f}"
+            if ph
+            else ""
+        )
+        print(f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}   {phases}")
     payload = {
         "preset": args.preset,
         "world": world,

@@ -1,0 +1,173 @@
+"""BatchProcessor: items -> vla.types.Batch with the shapes, dtypes and value ranges the models expect."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from _lerobot_fixtures import ACTION_DIM, FPS, STATE_DIM
+
+from vla.data import (
+    BatchProcessor,
+    DatasetFormatError,
+    LeRobotDataset,
+    MissingFeatureError,
+    ProcessorConfig,
+    make_dataloader,
+)
+from vla.data.stats import vector_stats
+from vla.types import Batch
+
+CAMERA_MAP = {"observation.images.top": "base_0_rgb", "observation.images.wrist": "left_wrist_0_rgb"}
+MODEL_CAMERAS = ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+
+
+def make_config(**overrides) -> ProcessorConfig:
+    settings = dict(
+        camera_map=CAMERA_MAP, model_cameras=MODEL_CAMERAS, image_size=32, max_state_dim=8, max_action_dim=6,
+        action_horizon=4, max_prompt_length=16,
+    )  # fmt: skip
+    settings.update(overrides)
+    return ProcessorConfig(**settings)
+
+
+def processor_and_dataset(root, **overrides) -> tuple[BatchProcessor, LeRobotDataset]:
+    image_dtype = "uint8" if overrides.get("uint8_images") else "float32"
+    probe = LeRobotDataset(root)
+    processor = BatchProcessor.from_dataset(make_config(**overrides), probe.meta)
+    dataset = LeRobotDataset(root, delta_timestamps=processor.delta_timestamps(FPS), image_dtype=image_dtype)
+    return processor, dataset
+
+
+def test_batch_layout_matches_vla_types(image_dataset) -> None:
+    processor, dataset = processor_and_dataset(image_dataset.root)
+    batch = processor.collate([dataset[i] for i in (0, 4, 11, 20)])
+    assert isinstance(batch, Batch) and batch.batch_size == 4
+    obs = batch.observation
+    assert list(obs.images) == MODEL_CAMERAS and list(obs.image_masks) == MODEL_CAMERAS
+    for camera in MODEL_CAMERAS:
+        assert obs.images[camera].shape == (4, 3, 32, 32) and obs.images[camera].dtype == torch.float32
+        assert obs.image_masks[camera].shape == (4,) and obs.image_masks[camera].dtype == torch.bool
+    assert obs.image_masks["base_0_rgb"].all() and not obs.image_masks["right_wrist_0_rgb"].any()
+    assert torch.all(obs.images["right_wrist_0_rgb"] == -1.0)
+    top = obs.images["base_0_rgb"]
+    assert top.min() >= -1.0 and top.max() <= 1.0
+    assert torch.all(top[:, :, :5] == -1.0)  # 16x24 resized to 21x32: padded rows are black -> -1
+    assert obs.state.shape == (4, 8) and obs.state.dtype == torch.float32
+    assert torch.all(obs.state[:, STATE_DIM:] == 0)
+    assert obs.tokenized_prompt.shape == obs.tokenized_prompt_mask.shape == (4, 16)
+    assert obs.tokenized_prompt.dtype == torch.int64 and obs.tokenized_prompt_mask.dtype == torch.bool
+    assert batch.actions.shape == (4, 4, 6) and batch.actions.dtype == torch.float32
+    assert torch.all(batch.actions[:, :, ACTION_DIM:] == 0)
+    assert batch.action_is_pad.shape == (4, 4) and batch.action_is_pad.dtype == torch.bool
+    assert batch.action_is_pad[1].tolist() == [False, True, True, True]  # frame 4 ends episode 0
+    assert batch.action_dim_mask.tolist() == [[True] * ACTION_DIM + [False] * 4] * 4
+    assert batch.meta["index"].tolist() == [0, 4, 11, 20]
+    assert batch.meta["task"] == [image_dataset.tasks[i] for i in (0, 4, 11, 20)]
+
+
+def test_state_and_actions_are_normalised_with_dataset_stats(image_dataset) -> None:
+    processor, dataset = processor_and_dataset(
+        image_dataset.root, norm_modes={"observation.state": "MEAN_STD", "action": "QUANTILES"}
+    )
+    batch = processor.collate([dataset[i] for i in range(len(dataset))])
+    state_stats = vector_stats(image_dataset.state)
+    expected_state = (image_dataset.state - state_stats["mean"]) / (state_stats["std"] + 1e-6)
+    np.testing.assert_allclose(batch.observation.state[:, :STATE_DIM].numpy(), expected_state, atol=1e-5)
+    action_stats = vector_stats(image_dataset.action)
+    low, high = action_stats["q01"], action_stats["q99"]
+    expected_first_action = 2 * (image_dataset.action - low) / (high - low + 1e-6) - 1
+    np.testing.assert_allclose(batch.actions[:, 0, :ACTION_DIM].numpy(), expected_first_action, atol=1e-5)
+    restored = processor.unnormalize_actions(batch.actions)
+    assert restored.shape == (len(dataset), 4, ACTION_DIM)
+    np.testing.assert_allclose(restored[:, 0].numpy(), image_dataset.action, atol=1e-4)
+
+
+def test_prompts_are_bos_task_newline(image_dataset) -> None:
+    processor, dataset = processor_and_dataset(image_dataset.root)
+    batch = processor.collate([dataset[0]])
+    ids = batch.observation.tokenized_prompt[0][batch.observation.tokenized_prompt_mask[0]].tolist()
+    tokenizer = processor.prompts.tokenizer
+    assert ids[0] == tokenizer.bos_token_id
+    assert tokenizer.decode(ids[1:]) == "pick the red cube\n"
+
+
+def test_uint8_transport_matches_float_after_finalize(video_dataset) -> None:
+    float_processor, float_dataset = processor_and_dataset(video_dataset.root)
+    uint8_processor, uint8_dataset = processor_and_dataset(video_dataset.root, uint8_images=True)
+    indices = [1, 6, 13]
+    float_batch = float_processor.collate([float_dataset[i] for i in indices])
+    uint8_batch = uint8_processor.collate([uint8_dataset[i] for i in indices])
+    assert uint8_batch.observation.images["base_0_rgb"].dtype == torch.uint8
+    assert uint8_batch.observation.images["right_wrist_0_rgb"].dtype == torch.uint8
+    finalized = uint8_processor.finalize(uint8_batch)
+    for camera in MODEL_CAMERAS:
+        image = finalized.observation.images[camera]
+        assert image.dtype == torch.float32
+        torch.testing.assert_close(image, float_batch.observation.images[camera], atol=2.5 / 255, rtol=0)
+    torch.testing.assert_close(finalized.actions, float_batch.actions)
+    assert float_processor.finalize(float_batch) is float_batch  # final batches pass through
+
+
+@pytest.mark.parametrize("uint8", [True, False])
+def test_resize_on_finalize_ships_native_images(video_dataset, uint8) -> None:
+    reference_processor, dataset = processor_and_dataset(video_dataset.root, uint8_images=uint8)
+    deferred_processor = BatchProcessor.from_dataset(
+        make_config(uint8_images=uint8, resize_on_finalize=True), dataset.meta
+    )
+    items = [dataset[i] for i in (0, 8, 17)]
+    shipped = deferred_processor.collate(items)
+    assert shipped.observation.images["base_0_rgb"].shape == (3, 3, 16, 24)  # stored resolution
+    final = deferred_processor.finalize(shipped)
+    reference = reference_processor.finalize(reference_processor.collate(items))
+    for camera in MODEL_CAMERAS:
+        assert final.observation.images[camera].shape == (3, 3, 32, 32)
+        torch.testing.assert_close(
+            final.observation.images[camera], reference.observation.images[camera], atol=2.5 / 255, rtol=0
+        )
+
+
+def test_state_dict_rebuilds_the_same_processor(image_dataset) -> None:
+    processor, dataset = processor_and_dataset(
+        image_dataset.root, norm_modes={"observation.state": "MIN_MAX", "action": "MEAN_STD"}
+    )
+    rebuilt = BatchProcessor.from_state_dict(processor.state_dict())
+    items = [dataset[i] for i in (2, 9)]
+    original, again = processor.collate(items), rebuilt.collate(items)
+    torch.testing.assert_close(again.actions, original.actions)
+    torch.testing.assert_close(again.observation.state, original.observation.state)
+    assert torch.equal(again.observation.tokenized_prompt, original.observation.tokenized_prompt)
+    observation = rebuilt.observation([{k: v for k, v in items[0].items() if k != "action"}])  # inference
+    torch.testing.assert_close(observation.state, original.observation.state[:1])
+
+
+def test_config_errors_name_the_missing_feature(image_dataset) -> None:
+    meta = LeRobotDataset(image_dataset.root).meta
+    with pytest.raises(MissingFeatureError, match=r"observation\.images\.front.*observation\.images\.top"):
+        BatchProcessor.from_dataset(make_config(camera_map={"observation.images.front": "base_0_rgb"}), meta)
+    with pytest.raises(MissingFeatureError, match=r"\['observation\.joints'\].*Available features"):
+        BatchProcessor.from_dataset(make_config(state_key="observation.joints"), meta)
+    with pytest.raises(ValueError, match="max_action_dim"):
+        BatchProcessor.from_dataset(make_config(max_action_dim=1), meta)
+    with pytest.raises(ValueError, match="not in model_cameras"):
+        BatchProcessor.from_dataset(make_config(model_cameras=["base_0_rgb"]), meta)
+    processor = BatchProcessor.from_dataset(make_config(), meta)
+    no_window = LeRobotDataset(image_dataset.root)
+    with pytest.raises(DatasetFormatError, match=r"delta_timestamps=processor\.delta_timestamps"):
+        processor.collate([no_window[0]])
+
+
+def test_dataloader_with_two_workers_matches_in_process_loading(video_dataset) -> None:
+    processor, dataset = processor_and_dataset(video_dataset.root, uint8_images=True)
+    in_process = list(
+        make_dataloader(dataset, processor, batch_size=4, num_workers=0, seed=3, rank=0, world_size=1)
+    )
+    workers = list(
+        make_dataloader(dataset, processor, batch_size=4, num_workers=2, seed=3, rank=0, world_size=1)
+    )
+    assert len(in_process) == len(workers) == 21 // 4
+    for a, b in zip(in_process, workers):
+        assert a.meta["index"].tolist() == b.meta["index"].tolist()
+        assert a.observation.images["base_0_rgb"].dtype == torch.float32  # finalized by the loader
+        torch.testing.assert_close(a.observation.images["base_0_rgb"], b.observation.images["base_0_rgb"])
+        torch.testing.assert_close(a.actions, b.actions)

@@ -1,0 +1,39 @@
+"""Exceptions raised on bad datasets and bad data configuration.
+
+Every message names the offending file or key and says how to fix it, so a user reading a
+traceback from a DataLoader worker knows which file to look at.
+"""
+
+from __future__ import annotations
+
+
+class DatasetError(Exception):
+    """Base class of every data-pipeline error."""
+
+
+class DatasetFileNotFoundError(DatasetError, FileNotFoundError):
+    """A dataset root or one of its metadata/data/video files is missing."""
+
+
+class DatasetFormatError(DatasetError, ValueError):
+    """A file exists but its content does not follow the LeRobot layout (schema, shapes, indices)."""
+
+
+class UnsupportedVersionError(DatasetError, ValueError):
+    """meta/info.json declares a codebase_version this reader does not handle."""
+
+
+class MissingFeatureError(DatasetError, ValueError):
+    """A feature the model/processor configuration expects is absent from the dataset."""
+
+
+class StatsError(DatasetError, ValueError):
+    """meta/stats.json (or the stats handed to a normaliser) is missing an entry or holds NaN/inf."""
+
+
+class FrameTimestampError(DatasetError, ValueError):
+    """A video has no decoded frame within tolerance of a requested timestamp."""
+
+
+class DeltaTimestampsError(DatasetError, ValueError):
+    """delta_timestamps are not multiples of 1/fps or name unknown features."""

@@ -1,0 +1,89 @@
+"""One call from config values to train/validation loaders (what the trainer needs).
+
+data = build_pipeline(root, ProcessorConfig(...), batch_size=32, val_fraction=0.1, num_workers=4,
+                      device="cuda")
+for batch in data.train.forever(): ...            # vla.types.Batch on the device
+save(data.processor.state_dict(), data.train.state_dict())   # for inference / resuming
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vla.data.loader import BatchLoader, make_dataloader
+from vla.data.metadata import DatasetMetadata
+from vla.data.processor import BatchProcessor, ProcessorConfig
+from vla.data.reader import LeRobotDataset
+from vla.data.splits import split_episodes
+
+
+@dataclass
+class DataPipeline:
+    meta: DatasetMetadata
+    processor: BatchProcessor
+    train_dataset: LeRobotDataset
+    train: BatchLoader
+    val_dataset: LeRobotDataset | None
+    val: BatchLoader | None
+
+
+def build_pipeline(
+    root: Path | str,
+    config: ProcessorConfig,
+    batch_size: int,
+    *,
+    val_fraction: float = 0.0,
+    split_seed: int = 0,
+    seed: int = 0,
+    num_workers: int = 0,
+    frame_cache_mb: float = 0.0,
+    rank: int | None = None,
+    world_size: int | None = None,
+    device: torch.device | str | None = None,
+    val_batch_size: int | None = None,
+    tokenizer: Any | None = None,
+) -> DataPipeline:
+    """Datasets, processor and loaders for a LeRobot dataset at `root`.
+
+    Episodes are split train/val by `split_seed`; normalisation uses the whole dataset's
+    meta/stats.json (as LeRobot does). Items are uint8 when config.uint8_images. The train loader
+    shuffles and drops the last partial batch; the val loader keeps dataset order and every frame
+    (shards are padded by wrapping around, so a few frames repeat when sizes do not divide).
+    """
+    meta = DatasetMetadata(root)
+    processor = BatchProcessor.from_dataset(config, meta, tokenizer=tokenizer)
+    train_episodes, val_episodes = split_episodes(sorted(meta.episodes), val_fraction, split_seed)
+    dataset_kwargs = {
+        "delta_timestamps": processor.delta_timestamps(meta.fps),
+        "image_dtype": "uint8" if config.uint8_images else "float32",
+        "frame_cache_mb": frame_cache_mb,
+    }
+    train_dataset = LeRobotDataset(root, episodes=train_episodes, **dataset_kwargs)
+    loader_kwargs = {
+        "num_workers": num_workers,
+        "seed": seed,
+        "rank": rank,
+        "world_size": world_size,
+        "device": device,
+    }
+    train = make_dataloader(
+        train_dataset, processor, batch_size, shuffle=True, drop_last=True, **loader_kwargs
+    )
+    val_dataset = LeRobotDataset(root, episodes=val_episodes, **dataset_kwargs) if val_episodes else None
+    val = (
+        make_dataloader(
+            val_dataset,
+            processor,
+            val_batch_size or batch_size,
+            shuffle=False,
+            drop_last=False,
+            **loader_kwargs,
+        )
+        if val_dataset is not None
+        else None
+    )
+    return DataPipeline(meta, processor, train_dataset, train, val_dataset, val)

@@ -1,0 +1,168 @@
+"""Prompt tokenisation, offline.
+
+`load_tokenizer(path)` returns a Hugging Face fast tokenizer:
+- with a local path: `AutoTokenizer.from_pretrained(path, local_files_only=True)`, e.g. PaliGemma's;
+- with None: a small byte-level BPE built here deterministically (256 byte tokens, 4 specials,
+  BPE merges learnt from a fixed corpus of robot instructions; BUILTIN_VOCAB_SIZE ids in all,
+  lower-cased). The tiny/small model presets have vocab 1024 and reserve the top 384 ids for
+  OpenVLA action tokens, so the built-in vocabulary must stay below 640.
+
+`PromptTokenizer` formats prompts like openpi/PaliGemma: BOS + cleaned task text + "\n", then
+truncates/right-pads to a fixed length with a mask.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+BUILTIN_VOCAB_SIZE = 384
+MAX_BUILTIN_VOCAB_SIZE = 640
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0, 1, 2, 3
+
+_OBJECTS = (
+    "target", "cube", "block", "bowl", "plate", "cup", "mug", "drawer", "door", "box", "basket",
+    "bottle", "sponge", "towel", "lid", "pot", "pan", "stove", "shelf", "table", "cabinet", "microwave",
+    "ball", "can", "object", "button", "handle", "tray",
+)  # fmt: skip
+_COLOURS = ("red", "green", "blue", "yellow", "white", "black", "orange", "purple", "pink", "brown")
+_VERBS = (
+    "move to", "reach", "pick up", "put", "place", "push", "pull", "open", "close", "turn on",
+    "turn off", "stack", "lift", "grasp", "slide", "insert", "rotate", "wipe", "pour", "fold",
+)  # fmt: skip
+_PLACES = ("on the table", "in the bowl", "into the drawer", "on top of the box", "to the left",
+           "to the right", "next to the plate", "in the basket", "on the shelf")  # fmt: skip
+
+
+def _training_corpus() -> list[str]:
+    """Fixed instruction-like sentences plus the word list, so every listed word gets merges."""
+    words = [*_COLOURS, *_OBJECTS, *(w for phrase in _VERBS + _PLACES for w in phrase.split())]
+    words += ["target", "and", "it", "of", "up", "both", "from", "with", "then"]
+    sentences = [
+        f"{verb} the {colour} {obj} {place}"
+        for verb in _VERBS
+        for colour in _COLOURS
+        for obj in _OBJECTS[:6]
+        for place in _PLACES[:3]
+    ]
+    return [" ".join(dict.fromkeys(words))] * 5 + sentences
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_tokenizer_json() -> str:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BUILTIN_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_training_corpus(), trainer)
+    bos_id = tokenizer.token_to_id("<bos>")
+    # Like Gemma's tokenizer: encode(text) prepends BOS unless add_special_tokens=False.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", bos_id)]
+    )
+    return tokenizer.to_str()
+
+
+def build_builtin_tokenizer() -> Any:
+    """The project's small tokenizer as a `transformers.PreTrainedTokenizerFast`."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_builtin_tokenizer_json()),
+        pad_token="<pad>",
+        eos_token="<eos>",
+        bos_token="<bos>",
+        unk_token="<unk>",
+    )
+    if len(tokenizer) >= MAX_BUILTIN_VOCAB_SIZE:
+        raise AssertionError(
+            f"built-in tokenizer has {len(tokenizer)} ids; must be < {MAX_BUILTIN_VOCAB_SIZE}"
+        )
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path | None = None) -> Any:
+    """A tokenizer from a local directory (PaliGemma's, ...) or, with None, the built-in one."""
+    if path is None or str(path) == "":
+        return build_builtin_tokenizer()
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"tokenizer path {path} does not exist. Point it at a local directory with tokenizer.json / "
+            "tokenizer.model (e.g. a PaliGemma checkpoint folder), or leave it empty for the built-in "
+            "tokenizer. Nothing is downloaded: the hub is offline."
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def clean_prompt(text: str) -> str:
+    """openpi's cleaning: strip, underscores and newlines to spaces."""
+    return text.strip().replace("_", " ").replace("\n", " ")
+
+
+class PromptTokenizer:
+    """Task strings -> (ids (B, max_length) int64 right-padded, mask (B, max_length) bool).
+
+    Each prompt is BOS + clean_prompt(task) + "\\n", truncated to max_length (the tail is dropped,
+    with a warning the first time).
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        if max_length < 2:
+            raise ValueError(f"max prompt length must be >= 2, got {max_length}")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.bos_id = tokenizer.bos_token_id
+        self._warned_truncation = False
+        self._ids: dict[str, list[int]] = {}  # a dataset has few distinct tasks: encode each once
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self._ids.get(prompt)
+        if ids is None:
+            text_ids = self.tokenizer.encode(clean_prompt(prompt) + "\n", add_special_tokens=False)
+            ids = ([self.bos_id] if self.bos_id is not None else []) + list(text_ids)
+            if len(self._ids) < 100_000:
+                self._ids[prompt] = ids
+        return ids
+
+    def __call__(self, prompts: Sequence[str]) -> tuple[Tensor, Tensor]:
+        ids = torch.full((len(prompts), self.max_length), self.pad_id, dtype=torch.int64)
+        mask = torch.zeros((len(prompts), self.max_length), dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            tokens = self.encode(prompt)
+            if len(tokens) > self.max_length and not self._warned_truncation:
+                logger.warning(
+                    "prompt %r has %d tokens; truncated to max prompt length %d",
+                    prompt,
+                    len(tokens),
+                    self.max_length,
+                )
+                self._warned_truncation = True
+            tokens = tokens[: self.max_length]
+            ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+            mask[row, : len(tokens)] = True
+        return ids, mask
