@@ -168,7 +168,9 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
             if ph
             else ""
         )
-        print(f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}   {phases}")
+        print(
+            f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}   {phases}"
+        )
     payload = {
         "preset": args.preset,
         "world": world,

@@ -51,7 +51,9 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        raise SystemExit(f"{optim} on {nproc} process(es) failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise SystemExit(
+            f"{optim} on {nproc} process(es) failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["split"] == "train"][args.warmup :]
     medians = {part: statistics.median(r[part] for r in rows) for part in PARTS}
@@ -61,7 +63,9 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="pi0_small")
     parser.add_argument("--steps", type=int, default=6, help="measured steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -84,7 +88,9 @@ def main() -> None:
                 row = run_config(args.model, optim, nproc, args, Path(tmp) / f"{optim}-{nproc}")
                 results.setdefault(str(nproc), {})[optim] = row
 
-    print(f"\n{args.model}, global batch {args.batch}, median of {args.steps} steps after {args.warmup} warmup")
+    print(
+        f"\n{args.model}, global batch {args.batch}, median of {args.steps} steps after {args.warmup} warmup"
+    )
     header = f"{'procs':>5} {'optim':<7} {'step s':>8} {'data':>7} {'fwd+bwd':>8} {'optim':>7} {'comm':>7} {'x adamw':>8}"
     print(header)
     print("-" * len(header))
@@ -99,11 +105,19 @@ def main() -> None:
             )
         if {"adamw", "muon", "dmuon"} <= rows.keys():
             extra = rows["muon"]["step_s"] - rows["adamw"]["step_s"]
-            removed[nproc] = (rows["muon"]["step_s"] - rows["dmuon"]["step_s"]) / extra if extra > 0 else float("nan")
+            removed[nproc] = (
+                (rows["muon"]["step_s"] - rows["dmuon"]["step_s"]) / extra if extra > 0 else float("nan")
+            )
     for nproc, fraction in removed.items():
         print(f"{nproc} process(es): dmuon removes {fraction:.2f} of naive Muon's extra step time over AdamW")
 
-    payload = {"model": args.model, "batch": args.batch, "steps": args.steps, "results": results, "removed": removed}
+    payload = {
+        "model": args.model,
+        "batch": args.batch,
+        "steps": args.steps,
+        "results": results,
+        "removed": removed,
+    }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.json}")
@@ -116,7 +130,10 @@ def plot(results: dict, args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels, parts = [], {p: [] for p in ("data_s", "forward_backward_s", "optimizer compute", "optimizer_comm_s")}
+    labels, parts = (
+        [],
+        {p: [] for p in ("data_s", "forward_backward_s", "optimizer compute", "optimizer_comm_s")},
+    )
     for nproc, rows in results.items():
         for optim, r in rows.items():
             labels.append(f"{optim}\n{nproc}p")
