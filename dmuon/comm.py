@@ -262,9 +262,15 @@ def naive_orthogonalize(
 
     out: list[Tensor] = []
     for spec, p, u in zip(specs, params, updates):
+        start = time.perf_counter()
         full = DTensor.from_local(
             u, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
         ).full_tensor()
+        wait = getattr(full, "wait", None)  # functional collectives return lazily-waited tensors
+        if wait is not None:
+            full = wait()
+        if stats is not None:
+            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
         o = orthogonalize_batch(full.reshape(1, spec.m, spec.n), spec.ns)[0]
         start = spec.offsets()[domain.rank]
         rows = spec.rows[domain.rank]

@@ -97,38 +97,47 @@ def worker(args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (world,))
     parameters = preset_parameters(args.preset)
-    results = {}
-    for name, config in CONFIGS.items():
-        if args.only and name not in args.only:
-            continue
+    names = [name for name in CONFIGS if not args.only or name in args.only]
+    setups = {}
+    for name in names:
         model = StandIn(parameters)
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        opt = build_optimizer(model, config, args.milp_time_limit, args.bucket_mb)
+        opt = build_optimizer(model, CONFIGS[name], args.milp_time_limit, args.bucket_mb)
         gen = torch.Generator().manual_seed(rank)
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
             local = p.grad.to_local()
             local.copy_(torch.randn(local.shape, generator=gen))
-        times, phases = [], []
-        for step in range(args.warmup + args.steps):
-            dist.barrier()
-            start = time.perf_counter()
+        for _ in range(args.warmup):  # state, plans, calibration
             opt.step()
-            dist.barrier()
-            if step >= args.warmup:
-                times.append(time.perf_counter() - start)
-                phases.append(dict(getattr(opt, "last_step_stats", {})))
-        results[name] = {"median_s": statistics.median(times), "samples_s": times}
-        if phases and phases[0]:
-            results[name]["phases_s"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
-        if (
-            config is not None
-            and config.get("distribution") != "naive"
-            and hasattr(opt, "plans")
-            and opt.plans()
-        ):
+        setups[name] = (model, opt)
+
+    def timed_step(opt) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        opt.step()
+        dist.barrier()
+        return time.perf_counter() - start
+
+    # Round-robin over the configurations, so a slow spell of the machine hits all of them alike.
+    times: dict[str, list[float]] = {name: [] for name in names}
+    phases: dict[str, list[dict]] = {name: [] for name in names}
+    for _ in range(args.steps):
+        for name in names:
+            opt = setups[name][1]
+            times[name].append(timed_step(opt))
+            phases[name].append(dict(getattr(opt, "last_step_stats", {})))
+    results = {}
+    for name in names:
+        opt = setups[name][1]
+        results[name] = {"median_s": statistics.median(times[name]), "samples_s": times[name]}
+        if phases[name][0]:
+            keys = phases[name][0]
+            results[name]["phases_s"] = {k: statistics.median(p[k] for p in phases[name]) for k in keys}
+        config = CONFIGS[name]
+        if config is not None and config.get("distribution") != "naive" and opt.plans():
             plan = opt.plans()[0]
             results[name]["plan"] = {
                 "strategy": plan.strategy,
@@ -139,7 +148,6 @@ def worker(args: argparse.Namespace) -> None:
             }
             if rank == 0 and name == "dmuon_lpt":
                 print(opt.plan_summary(), flush=True)
-        del opt, model
     if rank == 0:
         report(results, args, world)
     dist.destroy_process_group()

@@ -58,9 +58,12 @@ def test_fsdp_and_ddp_match_single_process(world: int, references) -> None:
     for key in [k for k in results[0] if k.endswith("/plans")]:
         _assert_plans_valid([r[key] for r in results], key)
     assert all(r["state_is_sharded"] for r in results)  # momentum lives sharded like the param
-    if world > 1:
+    if world == 2:
+        # The tiny bucket size really pipelines. (On 4 ranks the planner keeps these 8 small matrices
+        # in one bucket: no split of them balances 4 ranks to 95%.)
         buckets = results[0]["fsdp_buckets_overlap/plans"][0]["buckets"]
-        assert len(buckets) > 1  # the tiny bucket size really pipelines
+        assert len(buckets) > 1
+    if world > 1:
         assert "balance efficiency" in results[0]["plan_table"]
 
 

@@ -330,7 +330,8 @@ def test_muon_beats_sgd_on_a_small_regression_problem() -> None:
             loss = nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
-        return float(nn.functional.mse_loss(model(x), y))
+        with torch.no_grad():
+            return float(nn.functional.mse_loss(model(x), y))
 
     groups = lambda m: dmuon.param_groups(m, rules=[{"pattern": r"^4\.weight$", "algorithm": "adamw"}])  # noqa: E731
     muon_loss = run(lambda m: Muon(groups(m), lr=0.05, adamw_lr=1e-2))
