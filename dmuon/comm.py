@@ -28,9 +28,10 @@ orthogonalises all of them itself, one call per matrix.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -123,14 +124,20 @@ class _ShardedBucket:
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
+@contextlib.contextmanager
+def _exposed(stats: dict[str, float] | None, *, blocking: bool) -> Iterator[None]:
+    """Count the seconds inside as exposed communication (when `blocking`: the caller waits them out)."""
+    start = time.perf_counter()
+    yield
+    if stats is not None and blocking:
+        stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+
+
 def _wait(work: dist.Work | None, stats: dict[str, float] | None) -> None:
     """Wait for an async collective, counting the blocked seconds as exposed communication."""
-    if work is None:
-        return
-    start = time.perf_counter()
-    work.wait()
-    if stats is not None:
-        stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+    if work is not None:
+        with _exposed(stats, blocking=True):
+            work.wait()
 
 
 def _all_to_all(
@@ -163,10 +170,8 @@ def sharded_orthogonalize(
 
     def issue_exchange(k: int) -> None:
         b = buckets[k]
-        start = time.perf_counter()
-        exchanges[k] = _all_to_all(b.pack(updates), b.send_splits, b.recv_splits, group, overlap)
-        if stats is not None and not overlap:  # a blocking collective: all of it is exposed
-            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+        with _exposed(stats, blocking=not overlap):
+            exchanges[k] = _all_to_all(b.pack(updates), b.send_splits, b.recv_splits, group, overlap)
 
     issue_exchange(0)
     for k, b in enumerate(buckets):
@@ -176,10 +181,10 @@ def sharded_orthogonalize(
         _wait(work, stats)
         exchanges[k] = None
         results = _orthogonalize_owned(b.mine, b.assemble(received), plan.specs)
-        start = time.perf_counter()
-        back, back_work = _all_to_all(b.pack_results(results), b.recv_splits, b.send_splits, group, overlap)
-        if stats is not None and not overlap:
-            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+        with _exposed(stats, blocking=not overlap):
+            back, back_work = _all_to_all(
+                b.pack_results(results), b.recv_splits, b.send_splits, group, overlap
+            )
         if not overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)
         returns.append((b, back, back_work))
@@ -217,10 +222,8 @@ def replicated_orthogonalize(
         if mine:
             send[: sizes[rank]] = torch.cat([results[i].reshape(-1).to(dtype) for i in mine])
         gathered = torch.empty(world * width, dtype=dtype, device=device)
-        start = time.perf_counter()
-        work = _all_gather(gathered, send, group=group, async_op=overlap)
-        if stats is not None and not overlap:
-            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+        with _exposed(stats, blocking=not overlap):
+            work = _all_gather(gathered, send, group=group, async_op=overlap)
         pending.append((by_owner, gathered, width, work))
     for by_owner, gathered, width, work in pending:
         _wait(work, stats)
@@ -262,15 +265,12 @@ def naive_orthogonalize(
 
     out: list[Tensor] = []
     for spec, p, u in zip(specs, params, updates):
-        start = time.perf_counter()
-        full = DTensor.from_local(
-            u, p.device_mesh, p.placements, shape=p.shape, stride=p.stride()
-        ).full_tensor()
-        wait = getattr(full, "wait", None)  # functional collectives return lazily-waited tensors
-        if wait is not None:
-            full = wait()
-        if stats is not None:
-            stats["comm_wait_s"] = stats.get("comm_wait_s", 0.0) + time.perf_counter() - start
+        with _exposed(stats, blocking=True):
+            local = DTensor.from_local(u, p.device_mesh, p.placements, shape=p.shape, stride=p.stride())
+            full = local.full_tensor()
+            wait = getattr(full, "wait", None)  # functional collectives return lazily-waited tensors
+            if wait is not None:
+                full = wait()
         o = orthogonalize_batch(full.reshape(1, spec.m, spec.n), spec.ns)[0]
         start = spec.offsets()[domain.rank]
         rows = spec.rows[domain.rank]

@@ -7,8 +7,8 @@ and modules, not only shapes: an embedding is 2-D but must not get Muon.
 Order of decisions for each trainable parameter (first that applies wins):
   1. the user's ordered regex rules (`re.search` on the full parameter name);
   2. ndim < 2 -> AdamW;
-  3. the weight of an nn.Embedding, of a norm module, or of a Linear tied to / projecting onto an
-     embedding's vocabulary -> AdamW;
+  3. the weight of an nn.Embedding, of a norm module, or of a Linear tied to an embedding or
+     projecting onto its vocabulary from outside the repeated blocks -> AdamW;
   4. a name matching DEFAULT_ADAMW_PATTERNS -> AdamW;
   5. otherwise -> Muon.
 """
@@ -64,11 +64,17 @@ def _module_adamw_params(model: nn.Module) -> dict[int, str]:
         elif "norm" in type(module).__name__.lower():
             for p in module.parameters(recurse=False):
                 reasons[id(p)] = "norm"
-    for module in model.modules():
+    for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
             if id(module.weight) in embedding_weights:
                 reasons[id(module.weight)] = "tied to an embedding"
-            elif module.out_features in vocab_sizes and module.out_features > module.in_features:
+            elif (
+                module.out_features in vocab_sizes
+                and module.out_features > module.in_features
+                # Heads sit outside the repeated blocks; inside them (layers.3.mlp...) a width that
+                # happens to equal the vocabulary size is a hidden layer.
+                and not any(part.isdigit() for part in name.split("."))
+            ):
                 reasons[id(module.weight)] = "projects onto a vocabulary"
     return reasons
 

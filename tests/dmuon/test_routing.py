@@ -70,6 +70,12 @@ def test_linear_projecting_onto_the_vocabulary_is_adamw_even_with_another_name()
     assert _routing(param_groups(model))["decoder.weight"] == "adamw"
 
 
+def test_a_hidden_layer_as_wide_as_the_vocabulary_stays_in_muon() -> None:
+    model = TinyLM(vocab=64)  # blocks.*.mlp is 16 -> 64: as wide as the vocabulary, but a hidden layer
+    routing = _routing(param_groups(model))
+    assert routing["blocks.0.mlp.weight"] == "muon" and routing["lm_head.weight"] == "adamw"
+
+
 def test_rules_are_ordered_first_match_wins_and_carry_options() -> None:
     model = TinyLM()
     groups = param_groups(

@@ -15,11 +15,12 @@ from transformers.cache_utils import DynamicCache
 from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaRMSNorm, GemmaRotaryEmbedding
 
 from vla.models.action_tokenizer import ActionTokenizer
+from vla.models.base import PaliGemmaPolicyBase
 from vla.models.config import OpenVLAConfig
 from vla.models.contract import as_observation, check_batch, check_observation
 from vla.models.losses import per_sample_masked_mean
 from vla.models.masks import make_attention_mask, positions_from_pad_mask
-from vla.models.paligemma import PaliGemmaEmbedder, gemma_config, set_layer_checkpointing
+from vla.models.paligemma import PaliGemmaEmbedder, gemma_config
 from vla.types import Batch, Observation
 
 
@@ -29,7 +30,7 @@ def _last_real_index(pad_mask: Tensor) -> Tensor:
     return torch.where(pad_mask, index, -1).amax(dim=1).clamp_min(0)
 
 
-class OpenVLAPolicy(nn.Module):
+class OpenVLAPolicy(PaliGemmaPolicyBase):
     """OpenVLA-style discrete-action policy on PaliGemma.
 
     Parameters: prefix_embedder.{vision_tower, multi_modal_projector, embed_tokens} (embed_tokens is also
@@ -61,19 +62,6 @@ class OpenVLAPolicy(nn.Module):
         self.set_gradient_checkpointing(config.gradient_checkpointing)
 
     # ----------------------------------------------------------------------------------------- contract
-    def shard_units(self) -> list[nn.Module]:
-        return [*self.layers, *self.prefix_embedder.vision_layers()]
-
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        set_layer_checkpointing(self.shard_units(), enabled)
-
-    def forward(
-        self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The training objective, as `compute_loss`: DDP and FSDP2 hook `__call__`, so wrapped
-        policies are trained through `model(batch)`."""
-        return self.compute_loss(batch, noise=noise, time=time)
-
     def compute_loss(
         self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:

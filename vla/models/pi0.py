@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.gemma.modeling_gemma import GemmaRMSNorm, GemmaRotaryEmbedding
 
+from vla.models.base import PaliGemmaPolicyBase
 from vla.models.config import Pi0Config
 from vla.models.contract import as_observation, check_batch, check_observation
 from vla.models.flow_matching import euler_integrate, sample_flow_time, sinusoidal_time_embedding
 from vla.models.joint_gemma import JointDecoderLayer, LayerKV
 from vla.models.losses import per_sample_masked_mean
 from vla.models.masks import make_attention_mask, positions_from_pad_mask
-from vla.models.paligemma import PaliGemmaEmbedder, gemma_config, set_layer_checkpointing
+from vla.models.paligemma import PaliGemmaEmbedder, gemma_config
 from vla.types import Batch, Observation
 
 
@@ -38,7 +39,7 @@ class PrefixCache:
     num_real: Tensor
 
 
-class Pi0Policy(nn.Module):
+class Pi0Policy(PaliGemmaPolicyBase):
     """pi0 flow-matching policy.
 
     Parameters (names matter for optimizer routing, see the package docstring):
@@ -90,19 +91,6 @@ class Pi0Policy(nn.Module):
         self.set_gradient_checkpointing(config.gradient_checkpointing)
 
     # ----------------------------------------------------------------------------------------- contract
-    def shard_units(self) -> list[nn.Module]:
-        return [*self.layers, *self.prefix_embedder.vision_layers()]
-
-    def set_gradient_checkpointing(self, enabled: bool) -> None:
-        set_layer_checkpointing(self.shard_units(), enabled)
-
-    def forward(
-        self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The training objective, as `compute_loss`: DDP and FSDP2 hook `__call__`, so wrapped
-        policies are trained through `model(batch)`."""
-        return self.compute_loss(batch, noise=noise, time=time)
-
     def compute_loss(
         self, batch: Batch, *, noise: Tensor | None = None, time: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
