@@ -79,4 +79,3 @@ class Batch:
             action_dim_mask=self.action_dim_mask.to(device, non_blocking=non_blocking),
             meta=meta,
         )
-

@@ -42,6 +42,8 @@ def test_fsdp2_shards_every_parameter_over_the_ranks(runs) -> None:
     assert ddp["layout"]["local_param_bytes"] == full and ddp["layout"]["dtensor_params"] == 0
     # Rank 0 holds about half (ceil(rows / 2) of every parameter).
     assert 0.45 * full < fsdp2["layout"]["local_param_bytes"] < 0.56 * full
+    # Sampling through the sharded policy (the end-of-run open-loop evaluation) matches one process.
+    assert fsdp2["open_loop"]["mse"] == pytest.approx(single["open_loop"]["mse"], rel=1e-3)
 
 
 def test_resume_on_two_ranks_equals_the_uninterrupted_run(runs) -> None:

@@ -46,6 +46,10 @@ def test_a_run_writes_config_metrics_tensorboard_checkpoints_and_export(syntheti
     assert list((out / "tb").glob("events.out.tfevents.*"))
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000004", "step_00000006"]
     assert (out / "processor.json").is_file() and summary(out)["steps"] == 6
+    open_loop = summary(out)["open_loop"]  # sampled chunks vs recorded actions on held-out episodes
+    assert open_loop["samples"] > 0 and len(open_loop["mse_by_horizon"]) == 10
+    assert all(math.isfinite(open_loop[k]) for k in ("mse", "l1", "baseline_zero_mse", "baseline_center_mse"))
+    assert len(metrics(out, "eval")) == 1
     # The consolidated export loads into a fresh policy and carries its config.
     from vla.models import build_policy
 
@@ -147,3 +151,12 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(synthetic_dataset, tmp_path
     assert "interrupted: saved" in output
     saved = sorted((out / "checkpoints").iterdir())
     assert len(saved) == 1 and int(saved[0].name.split("_")[1]) == len(metrics(out))
+
+
+def test_gradient_accumulation_matches_the_full_batch(synthetic_dataset, tmp_path) -> None:
+    full, accumulated = tmp_path / "full", tmp_path / "accumulated"
+    run_in_process(tiny_overrides(synthetic_dataset, full, "trainer.steps=4"))
+    run_in_process(tiny_overrides(synthetic_dataset, accumulated, "trainer.steps=4", "trainer.grad_accum=2"))
+    torch.testing.assert_close(
+        torch.tensor(losses(accumulated)), torch.tensor(losses(full)), rtol=1e-5, atol=0
+    )

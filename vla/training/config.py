@@ -185,6 +185,7 @@ class TrainerConfig:
     log_every: int = 1
     val_every: int = 50
     val_batches: int = 4
+    open_loop_eval: bool = True  # at the end: sampled chunks vs recorded actions on held-out episodes
     checkpoint_every: int = 50
     keep_last: int = 2
     resume: str = "none"

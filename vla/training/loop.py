@@ -28,7 +28,7 @@ from vla.training.data import build_data
 from vla.training.ema import EMA
 from vla.training.noise import flow_matching_inputs
 from vla.training.optim import build_optimizer, build_scheduler
-from vla.training.parallel import prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
+from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.tracking import Tracker
 
 
@@ -64,6 +64,7 @@ class Summary:
     stopped_early: str | None = None
     world_size: int = 1
     layout: dict[str, Any] = field(default_factory=dict)
+    open_loop: dict[str, Any] | None = None
 
 
 class _StopFlag:
@@ -297,6 +298,41 @@ class Trainer:
         self.model.train()
         return _mean_over_ranks([statistics.fmean(losses)], self.device)[0] if losses else None
 
+    @torch.no_grad()
+    def evaluate_open_loop(self) -> dict[str, Any] | None:
+        """Sampled chunks vs recorded actions on held-out episodes, in dataset units (vla.eval)."""
+        from vla.eval.open_loop import open_loop_sums, report_from_sums
+
+        loader = self.data.val
+        if loader is None or self.cfg.trainer.val_batches == 0:
+            return None
+        self.model.eval()
+        loader.epoch, loader.batches_in_epoch = 0, 0
+        # FSDP2 gathers parameters around the registered sample_actions; DDP needs no wrapper here.
+        policy_sample = (
+            self.model.sample_actions if is_sharded(self.model) else unwrap(self.model).sample_actions
+        )
+
+        def sample(batch: Any) -> torch.Tensor:
+            # Per-sample noise (as in training), so the result does not depend on the world size.
+            noise = self._loss_inputs(batch, "eval").get("noise")
+            return policy_sample(batch.observation, noise=noise)
+
+        ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
+        with ema, self.accelerator.autocast():
+            sums = open_loop_sums(
+                sample,
+                loader,
+                self.data.processor.unnormalize_actions,
+                max_batches=self.cfg.trainer.val_batches,
+            )
+        reshard(self.model)
+        self.model.train()
+        if dist.is_available() and dist.is_initialized():
+            for value in sums.values():
+                dist.all_reduce(value)  # sums over every rank's held-out samples
+        return asdict(report_from_sums(sums))
+
     def fit(self) -> Summary:
         cfg = self.cfg.trainer
         self._write_run_files()
@@ -374,6 +410,15 @@ class Trainer:
                         path = self.save_checkpoint()
                         self.tracker.print(f"interrupted: saved {path}")
                     break
+        open_loop = None
+        if cfg.open_loop_eval and stopped is None:
+            open_loop = self.evaluate_open_loop()
+            if open_loop is not None:
+                self.tracker.log(
+                    self.step - 1,
+                    {k: v for k, v in open_loop.items() if not isinstance(v, list)},
+                    prefix="eval",
+                )
         export = None
         if cfg.export_safetensors and stopped is None:
             export = self.output_dir / "policy.safetensors"
@@ -381,7 +426,7 @@ class Trainer:
             ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
             with ema:
                 self.checkpoints.export_safetensors(unwrap(self.model), export, metadata=metadata)
-        summary = self._summary(history, last_loss, val_loss, export, stopped)
+        summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop)
         self.tracker.close()
         return summary
 
@@ -411,6 +456,7 @@ class Trainer:
         val_loss: float | None,
         export: Path | None,
         stopped: str | None,
+        open_loop: dict[str, Any] | None,
     ) -> Summary:
         steady = history[1:] if len(history) > 1 else history  # the first step builds state and plans
         medians = {}
@@ -431,6 +477,7 @@ class Trainer:
             stopped_early=stopped,
             world_size=self.world,
             layout=parameter_layout(self.model),
+            open_loop=open_loop,
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -468,6 +515,12 @@ def format_summary(summary: Summary) -> str:
         lines.append(
             f"  step time (median) {m['total_s']:.3f}s = data {m['data_s']:.3f} + forward/backward "
             f"{m['forward_backward_s']:.3f} + optimizer {m['optimizer_s']:.3f} (exposed comm {m['optimizer_comm_s']:.3f})"
+        )
+    if summary.open_loop:
+        o = summary.open_loop
+        lines.append(
+            f"  open-loop action MSE {o['mse']:.4g} on {o['samples']} held-out samples "
+            f"(zero action {o['baseline_zero_mse']:.4g}, dataset mean {o['baseline_center_mse']:.4g})"
         )
     lines += [
         f"  checkpoint        {summary.checkpoint}",

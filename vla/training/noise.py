@@ -15,7 +15,7 @@ from torch import Tensor
 
 from vla.types import Batch
 
-_STREAMS = {"train": 0, "val": 1}
+_STREAMS = {"train": 0, "val": 1, "eval": 2}
 
 
 def _generator(seed: int, stream: str, step: int, index: int) -> torch.Generator:

@@ -51,6 +51,11 @@ def setup_accelerator(parallel: ParallelConfig, precision: str, shard_unit_class
         # Accelerate enables FSDP only for GPU-type devices and silently falls back to DDP on CPU.
         # Its FSDP2 code path itself runs on CPU (sharding, clipping, state dicts all work), so we
         # select it explicitly: the run then really shards, as it would on GPUs.
+        # AcceleratorState re-copies PartialState's fields whenever it is constructed again (Accelerate
+        # does that internally), so the choice must be made in both shared states.
+        from accelerate.state import PartialState
+
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
         accelerator.state.distributed_type = DistributedType.FSDP
         accelerator.state.fsdp_plugin = plugin
         if mixed_precision != "no":
