@@ -50,7 +50,7 @@ def test_fsdp_and_ddp_match_single_process(world: int, references) -> None:
         "fsdp_buckets_serial",
         "fsdp_swapped",
     ]
-    keys += ["ddp"] if world > 1 else []
+    keys += ["ddp", "ddp_gram"] if world > 1 else []
     for key in keys:
         expected = references["gram" if "gram" in key else "standard"]
         for rank, result in enumerate(results):

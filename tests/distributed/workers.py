@@ -157,11 +157,12 @@ def fsdp_scenarios(rank: int, world: int) -> dict[str, Any]:
     results["fsdp_swapped"] = full_params(model)
 
     if world > 1:
-        model = DDP(make_model())
-        opt = make_optimizer(model.module)
-        train(model, opt, range(STEPS), rank, world)
-        results["ddp"] = full_params(model.module)
-        results["ddp/plans"] = _plan_info(opt)
+        for key, ns_algorithm in (("ddp", "standard"), ("ddp_gram", "gram")):
+            model = DDP(make_model())
+            opt = make_optimizer(model.module, ns_algorithm=ns_algorithm)
+            train(model, opt, range(STEPS), rank, world)
+            results[key] = full_params(model.module)
+            results[key + "/plans"] = _plan_info(opt)
     return results
 
 
