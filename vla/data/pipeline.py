@@ -37,6 +37,7 @@ def build_pipeline(
     batch_size: int,
     *,
     val_fraction: float = 0.0,
+    episodes: list[int] | None = None,
     split_seed: int = 0,
     seed: int = 0,
     num_workers: int = 0,
@@ -45,18 +46,21 @@ def build_pipeline(
     world_size: int | None = None,
     device: torch.device | str | None = None,
     val_batch_size: int | None = None,
+    val_shuffle: bool = False,
     tokenizer: Any | None = None,
 ) -> DataPipeline:
     """Datasets, processor and loaders for a LeRobot dataset at `root`.
 
-    Episodes are split train/val by `split_seed`; normalisation uses the whole dataset's
-    meta/stats.json (as LeRobot does). Items are uint8 when config.uint8_images. The train loader
-    shuffles and drops the last partial batch; the val loader keeps dataset order and every frame
-    (shards are padded by wrapping around, so a few frames repeat when sizes do not divide).
+    Episodes (all, or `episodes`) are split train/val by `split_seed`; normalisation uses the whole
+    dataset's meta/stats.json (as LeRobot does). Items are uint8 when config.uint8_images. The train
+    loader shuffles and drops the last partial batch; the val loader keeps every frame (shards are
+    padded by wrapping around, so a few frames repeat when sizes do not divide), in dataset order or,
+    with `val_shuffle`, in a fixed shuffled order (so its first batches sample many episodes).
     """
     meta = DatasetMetadata(root)
     processor = BatchProcessor.from_dataset(config, meta, tokenizer=tokenizer)
-    train_episodes, val_episodes = split_episodes(sorted(meta.episodes), val_fraction, split_seed)
+    pool = sorted(meta.episodes) if episodes is None else sorted(episodes)
+    train_episodes, val_episodes = split_episodes(pool, val_fraction, split_seed)
     dataset_kwargs = {
         "delta_timestamps": processor.delta_timestamps(meta.fps),
         "image_dtype": "uint8" if config.uint8_images else "float32",
@@ -79,9 +83,9 @@ def build_pipeline(
             val_dataset,
             processor,
             val_batch_size or batch_size,
-            shuffle=False,
+            shuffle=val_shuffle,
             drop_last=False,
-            **loader_kwargs,
+            **{**loader_kwargs, "seed": seed + 1},
         )
         if val_dataset is not None
         else None

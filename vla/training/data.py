@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from vla.data.loader import BatchLoader, make_dataloader
-from vla.data.metadata import DatasetMetadata
-from vla.data.processor import BatchProcessor, ProcessorConfig
-from vla.data.reader import LeRobotDataset
-from vla.data.splits import split_episodes
+from vla.data.pipeline import DataPipeline, build_pipeline
+from vla.data.processor import ProcessorConfig
 from vla.data.synthetic import SyntheticConfig, ensure_synthetic_dataset
 from vla.training.config import DataConfig
 
@@ -21,16 +17,6 @@ DEFAULT_NORM_MODES = {
     "pi0": {"state": "MEAN_STD", "action": "MEAN_STD"},
     "openvla": {"state": "MEAN_STD", "action": "QUANTILES"},
 }
-
-
-@dataclass
-class DataBundle:
-    train: BatchLoader
-    val: BatchLoader | None
-    processor: BatchProcessor
-    root: Path
-    train_episodes: list[int]
-    val_episodes: list[int]
 
 
 def dataset_root(cfg: DataConfig, rank: int) -> Path:
@@ -91,38 +77,24 @@ def processor_config(cfg: DataConfig, policy_config: Any) -> ProcessorConfig:
 
 def build_data(
     cfg: DataConfig, policy_config: Any, *, micro_batch: int, seed: int, rank: int, world: int, device: Any
-) -> DataBundle:
+) -> DataPipeline:
     """Train / validation loaders (episodes split by `val_fraction`), each sharded over the ranks.
 
     micro_batch: samples per rank per forward. Every rank sees distinct samples of one global
     permutation, so the union of a step's batches is the same global batch at any world size.
     """
-    root = dataset_root(cfg, rank)
-    meta = DatasetMetadata(root)
-    processor = BatchProcessor.from_dataset(processor_config(cfg, policy_config), meta)
-    episodes = cfg.episodes if cfg.episodes is not None else sorted(meta.episodes)
-    if cfg.val_fraction > 0:
-        train_episodes, val_episodes = split_episodes(episodes, cfg.val_fraction, seed)
-    else:
-        train_episodes, val_episodes = sorted(episodes), []
-    delta = processor.delta_timestamps(meta.fps)
-    common: dict[str, Any] = {
-        "delta_timestamps": delta,
-        "image_dtype": "uint8" if cfg.uint8_transport else "float32",
-    }
-    train_set = LeRobotDataset(root, episodes=train_episodes, frame_cache_mb=256, **common)
-    loader_kwargs = {"num_workers": cfg.num_workers, "rank": rank, "world_size": world, "device": device}
-    train = make_dataloader(train_set, processor, micro_batch, shuffle=True, seed=seed, **loader_kwargs)
-    val = None
-    if val_episodes:
-        val_set = LeRobotDataset(root, episodes=val_episodes, **common)
-        if len(val_set) >= world * micro_batch:
-            val = make_dataloader(
-                val_set,
-                processor,
-                micro_batch,
-                shuffle=True,
-                seed=seed + 1,
-                **{**loader_kwargs, "num_workers": 0},
-            )
-    return DataBundle(train, val, processor, root, list(train_episodes), list(val_episodes))
+    return build_pipeline(
+        dataset_root(cfg, rank),
+        processor_config(cfg, policy_config),
+        micro_batch,
+        val_fraction=cfg.val_fraction,
+        episodes=cfg.episodes,
+        split_seed=seed,
+        seed=seed,
+        num_workers=cfg.num_workers,
+        frame_cache_mb=256,
+        rank=rank,
+        world_size=world,
+        device=device,
+        val_shuffle=True,  # validation reads only its first trainer.val_batches batches
+    )
