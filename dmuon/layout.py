@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -126,11 +125,3 @@ def local_tensor(t: Tensor) -> Tensor:
     """The tensor this rank computes on: a DTensor's local shard, or the tensor itself."""
     to_local = getattr(t, "to_local", None)
     return to_local() if to_local is not None else t
-
-
-def is_dtensor(t: Tensor) -> bool:
-    return hasattr(t, "device_mesh") and hasattr(t, "placements")
-
-
-def device_of(t: Tensor) -> torch.device:
-    return local_tensor(t).device

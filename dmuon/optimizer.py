@@ -265,7 +265,7 @@ class Muon(Optimizer):
         for group, start, stop in group_slices:
             items = work[start:stop]
             F.apply_muon_update_(
-                [_local(w.param) for w in items],
+                [local_tensor(w.param) for w in items],
                 orthogonal[start:stop],
                 lr=group["lr"],
                 weight_decay=group["weight_decay"],
@@ -294,8 +294,8 @@ class Muon(Optimizer):
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             params.append((index, p))
-            grads.append(_local(p.grad))
-            bufs.append(_local(state["momentum_buffer"]))
+            grads.append(local_tensor(p.grad))
+            bufs.append(local_tensor(state["momentum_buffer"]))
         updates = F.muon_momentum_(bufs, grads, momentum=group["momentum"], nesterov=group["nesterov"])
         return [
             MuonWork(
@@ -435,10 +435,10 @@ class Muon(Optimizer):
                 state["step"] = torch.zeros((), dtype=torch.float32, device=p.device if fused else "cpu")
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            params.append(_local(p))
-            grads.append(_local(p.grad))
-            exp_avgs.append(_local(state["exp_avg"]))
-            exp_avg_sqs.append(_local(state["exp_avg_sq"]))
+            params.append(local_tensor(p))
+            grads.append(local_tensor(p.grad))
+            exp_avgs.append(local_tensor(state["exp_avg"]))
+            exp_avg_sqs.append(local_tensor(state["exp_avg_sq"]))
             steps.append(state["step"])
         F.adamw_(
             params,
@@ -453,9 +453,6 @@ class Muon(Optimizer):
             foreach=group["foreach"] if not fused else False,
             fused=fused,
         )
-
-
-_local = local_tensor
 
 
 def _lap(stats: dict[str, float], key: str, since: float) -> float:

@@ -11,7 +11,7 @@ index and by action dim, and the same errors of two trivial predictors, so a num
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -30,9 +30,6 @@ class OpenLoopReport:
     l1_by_dim: list[float]
     baseline_zero_mse: float
     baseline_center_mse: float
-
-    def scalars(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if isinstance(v, (int, float))}
 
 
 def _masked_sums(error: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

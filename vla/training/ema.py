@@ -12,9 +12,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor, nn
 
-
-def _local(t: Tensor) -> Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+from dmuon.layout import local_tensor as _local
 
 
 class EMA:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dmuon.layout import local_tensor
 from vla.training.config import TrainConfig, validate
 from vla.training.data import build_data
 from vla.training.ema import EMA
@@ -491,7 +492,7 @@ def parameter_layout(model: torch.nn.Module) -> dict[str, Any]:
     dtensors = 0
     local_bytes = 0
     for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
+        local = local_tensor(p)
         local_bytes += local.numel() * local.element_size()
         if hasattr(p, "placements"):
             dtensors += 1
