@@ -15,6 +15,10 @@ class DatasetFileNotFoundError(DatasetError, FileNotFoundError):
     """A dataset root or one of its metadata/data/video files is missing."""
 
 
+class DatasetTooSmallError(DatasetError, ValueError):
+    """The (training split of a) dataset holds too few frames for the requested batch."""
+
+
 class DatasetFormatError(DatasetError, ValueError):
     """A file exists but its content does not follow the LeRobot layout (schema, shapes, indices)."""
 

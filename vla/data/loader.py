@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vla.data.errors import DatasetTooSmallError
 from vla.data.processor import BatchProcessor
 from vla.types import Batch
 
@@ -42,7 +43,10 @@ class ShardedResumableSampler(Sampler[int]):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world_size {world_size}")
         if num_samples < world_size:
-            raise ValueError(f"{num_samples} samples cannot be sharded over {world_size} ranks")
+            raise DatasetTooSmallError(
+                f"{num_samples} samples cannot be sharded over {world_size} ranks: every rank needs at least "
+                "one frame. Add episodes, lower data.val_fraction or run on fewer processes."
+            )
         self.num_samples = num_samples
         self.shuffle = shuffle
         self.seed = seed
@@ -109,11 +113,23 @@ class BatchLoader:
         prefetch_factor: int | None = 2,
         persistent_workers: bool = True,
     ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         self.dataset = dataset
         self.processor = processor
         self.batch_size = batch_size
         self.device = torch.device(device) if device is not None else None
         self.sampler = ShardedResumableSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
+        per_rank = self.sampler.samples_per_rank
+        if drop_last and per_rank < batch_size:
+            # Without this check `forever()` would spin on empty epochs: a hang at 100% CPU.
+            raise DatasetTooSmallError(
+                f"the training split has {len(dataset)} frames, {per_rank} per rank over {world_size} "
+                f"rank(s), fewer than one batch of {batch_size} frames per rank; with drop_last=True the "
+                "partial batch is dropped, so an epoch would hold no batch at all. Lower trainer.batch_size "
+                "(the global batch is the per-rank batch x ranks x grad_accum), add episodes to the dataset "
+                "or lower data.val_fraction so more episodes stay in training."
+            )
         self.epoch = 0
         self.batches_in_epoch = 0
         self.loader = DataLoader(
@@ -148,9 +164,24 @@ class BatchLoader:
         self.batches_in_epoch = 0
 
     def forever(self) -> Iterator[Batch]:
-        """Epoch after epoch, resuming where the state says."""
+        """Epoch after epoch, resuming where the state says.
+
+        Raises DatasetTooSmallError instead of looping when a whole epoch yields no batch (a
+        dataset that shrank under the loader); the constructor already rejects the usual case.
+        """
         while True:
-            yield from self
+            started_at = self.batches_in_epoch
+            yielded = False
+            for batch in self:
+                yielded = True
+                yield batch
+            # A resumed epoch that was already complete may legitimately yield nothing; a full one may not.
+            if not yielded and started_at == 0:
+                raise DatasetTooSmallError(
+                    f"a full epoch over {len(self.dataset)} frames yielded no batch of {self.batch_size} "
+                    f"frames on rank {self.sampler.rank} of {self.sampler.world_size}. Lower "
+                    "trainer.batch_size, add episodes or lower data.val_fraction."
+                )
 
     def state_dict(self) -> dict[str, Any]:
         sampler = self.sampler
