@@ -6,6 +6,8 @@ traceback from a DataLoader worker knows which file to look at.
 
 from __future__ import annotations
 
+import os
+
 
 class DatasetError(Exception):
     """Base class of every data-pipeline error."""
@@ -41,3 +43,19 @@ class FrameTimestampError(DatasetError, ValueError):
 
 class DeltaTimestampsError(DatasetError, ValueError):
     """delta_timestamps are not multiples of 1/fps or name unknown features."""
+
+
+def corrupt_file_error(path: str | os.PathLike[str], what: str, cause: BaseException) -> DatasetFormatError:
+    """The error for a dataset file that exists but cannot be decoded (truncated, zero bytes, garbled).
+
+    Names the file, what it should hold and the library's complaint, and says how to fix it.
+    """
+    try:
+        empty = os.path.getsize(path) == 0
+    except OSError:
+        empty = False
+    reason = "the file is empty (0 bytes)" if empty else f"{type(cause).__name__}: {cause}"
+    return DatasetFormatError(
+        f"{os.fspath(path)}: not a readable {what} ({reason}). The file is truncated or corrupt (an "
+        "interrupted download, copy or write?); re-download the dataset or regenerate it."
+    )

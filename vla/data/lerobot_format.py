@@ -127,9 +127,12 @@ def load_json(path: Path, what: str) -> Any:
     if not path.is_file():
         raise DatasetFileNotFoundError(f"Missing {what}: {path} does not exist.")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{path}: invalid JSON ({exc}). Rewrite the file.") from exc
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetFormatError(
+            f"{path}: invalid JSON ({type(exc).__name__}: {exc}). The file is truncated, garbled or "
+            "hand-edited wrongly; fix it, or re-download or regenerate the dataset."
+        ) from exc
 
 
 def load_info(root: Path) -> dict[str, Any]:

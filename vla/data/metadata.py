@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from vla.data import lerobot_format as fmt
-from vla.data.errors import DatasetFileNotFoundError, DatasetFormatError, MissingFeatureError
+from vla.data.errors import (
+    DatasetFileNotFoundError,
+    DatasetFormatError,
+    MissingFeatureError,
+    corrupt_file_error,
+)
+from vla.data.parquet_io import read_parquet_schema, read_parquet_table
 from vla.data.stats import Stats, aggregate_stats, check_finite, load_stats, stats_from_json
 
 
@@ -42,10 +46,7 @@ class EpisodeInfo:
 def _read_table(path: Path, what: str) -> Any:
     if not path.is_file():
         raise DatasetFileNotFoundError(f"Missing {what}: {path} does not exist.")
-    try:
-        return pq.read_table(path)
-    except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
-        raise DatasetFormatError(f"{path}: not a readable parquet file ({exc}).") from exc
+    return read_parquet_table(path)
 
 
 def _require_columns(names: list[str], columns: list[str], path: Path) -> None:
@@ -61,7 +62,11 @@ def _read_jsonl(path: Path, what: str) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DatasetFileNotFoundError(f"Missing {what}: {path} does not exist.")
     rows = []
-    for line_number, line in enumerate(path.read_text().splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise corrupt_file_error(path, "JSON-lines file", exc) from exc
+    for line_number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
@@ -201,8 +206,8 @@ class DatasetMetadata:
         ]
         episodes: dict[int, EpisodeInfo] = {}
         for path in paths:
-            _require_columns(pq.read_schema(path).names, base + video_columns, path)
-            rows = pq.read_table(path, columns=base + video_columns).to_pylist()
+            _require_columns(read_parquet_schema(path).names, base + video_columns, path)
+            rows = read_parquet_table(path, columns=base + video_columns).to_pylist()
             for row in rows:
                 index = int(row["episode_index"])
                 data_path = self.info["data_path"].format(
@@ -239,8 +244,8 @@ class DatasetMetadata:
             return {int(r["episode_index"]): stats_from_json(r["stats"], source) for r in rows}
         out: dict[int, Stats] = {}
         for path in sorted((self.root / fmt.EPISODES_DIR).glob("chunk-*/file-*.parquet")):
-            names = [n for n in pq.read_schema(path).names if n.startswith("stats/")]
-            table = pq.read_table(path, columns=["episode_index", *names])
+            names = [n for n in read_parquet_schema(path).names if n.startswith("stats/")]
+            table = read_parquet_table(path, columns=["episode_index", *names])
             for row in table.to_pylist():
                 nested: dict[str, dict[str, Any]] = {}
                 for name in names:
@@ -305,6 +310,14 @@ class DatasetMetadata:
                 f"{self.root / fmt.INFO_PATH}: total_episodes is {declared} but the episode metadata lists "
                 f"{len(self.episodes)} episodes. The dataset was not finalised (LeRobotDatasetWriter."
                 "finalize()) or files are missing."
+            )
+        declared_frames = self.info.get("total_frames")
+        if declared_frames is not None and declared_frames != self.total_frames:
+            raise DatasetFormatError(
+                f"{self.root / fmt.INFO_PATH}: total_frames is {declared_frames} but the episode metadata "
+                f"lists {self.total_frames} frames ({len(self.episodes)} episodes). info.json and meta/episodes "
+                "disagree: the dataset was not finalised, files are missing, or info.json was edited; set "
+                f"total_frames to {self.total_frames} if the episodes are right, else re-create the dataset."
             )
         if self.episodes and sorted(self.episodes) != list(range(len(self.episodes))):
             raise DatasetFormatError(

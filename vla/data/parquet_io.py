@@ -17,12 +17,38 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from PIL import Image
 
-from vla.data.errors import DatasetFormatError
+from vla.data.errors import DatasetFileNotFoundError, DatasetFormatError, corrupt_file_error
 
 IMAGE_STRUCT = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
 PNG_COMPRESS_LEVEL = 6  # LeRobot's level for image features: smaller files, decode speed unchanged
+
+
+# What pyarrow raises on a truncated, zero-byte or garbled file: ArrowInvalid ("magic bytes not found",
+# "file size is 0 bytes"), OSError ("Couldn't deserialize thrift", "Unexpected end of stream"), ...
+_PARQUET_ERRORS = (pa.ArrowException, OSError, ValueError, EOFError)
+
+
+def read_parquet_schema(path: Path) -> pa.Schema:
+    """The schema of a parquet file; DatasetFormatError naming the file when it is damaged."""
+    try:
+        return pq.read_schema(path)
+    except FileNotFoundError as exc:
+        raise DatasetFileNotFoundError(f"Missing parquet file {path}.") from exc
+    except _PARQUET_ERRORS as exc:
+        raise corrupt_file_error(path, "parquet file", exc) from exc
+
+
+def read_parquet_table(path: Path, columns: list[str] | None = None) -> pa.Table:
+    """`columns` (None: all) of a parquet file; DatasetFormatError naming the file when it is damaged."""
+    try:
+        return pq.read_table(path, columns=columns)
+    except FileNotFoundError as exc:
+        raise DatasetFileNotFoundError(f"Missing parquet file {path}.") from exc
+    except _PARQUET_ERRORS as exc:
+        raise corrupt_file_error(path, "parquet file", exc) from exc
 
 
 def arrow_type(feature: dict[str, Any]) -> pa.DataType:

@@ -56,6 +56,9 @@ def build_pipeline(
     loader shuffles and drops the last partial batch; the val loader keeps every frame (shards are
     padded by wrapping around, so a few frames repeat when sizes do not divide), in dataset order or,
     with `val_shuffle`, in a fixed shuffled order (so its first batches sample many episodes).
+    Raises StatsError when stats.json gives the state or action zero width (std, range) in a dim
+    where the training data varies, and DatasetTooSmallError when the training split holds less than
+    one batch per rank.
     """
     meta = DatasetMetadata(root)
     processor = BatchProcessor.from_dataset(config, meta, tokenizer=tokenizer)
@@ -67,6 +70,12 @@ def build_pipeline(
         "frame_cache_mb": frame_cache_mb,
     }
     train_dataset = LeRobotDataset(root, episodes=train_episodes, **dataset_kwargs)
+    # stats.json with std (or range) 0 where the data moves would scale those dims by ~1e6: refuse.
+    for key in (config.state_key, config.action_key):
+        if key:
+            processor.normalizer.check_data(
+                key, train_dataset.column(key), f"the data files under {meta.root} (training split)"
+            )
     loader_kwargs = {
         "num_workers": num_workers,
         "seed": seed,

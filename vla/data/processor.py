@@ -129,8 +129,9 @@ class BatchProcessor:
         normalizer = Normalizer(
             meta.require_stats(stats_keys), modes, source=str(meta.root / "meta/stats.json")
         )
-        state_dim = meta.shape(config.state_key)[-1] if config.state_key else 0
-        action_dim = meta.shape(config.action_key)[-1]
+        # validate_dataset checked both are 1-D: shape [D] (LeRobot stores [1] as a scalar column).
+        state_dim = int(meta.features[config.state_key]["shape"][0]) if config.state_key else 0
+        action_dim = int(meta.features[config.action_key]["shape"][0])
         return cls(config, normalizer, state_dim, action_dim, tokenizer)
 
     def delta_timestamps(self, fps: float) -> dict[str, list[float]]:
@@ -176,6 +177,8 @@ class BatchProcessor:
         state = torch.zeros(batch_size, config.max_state_dim, dtype=torch.float32)
         if config.state_key:
             raw_state = _stack(items, config.state_key, "ProcessorConfig.state_key").to(torch.float32)
+            if raw_state.ndim == 1 and self.state_dim == 1:  # a shape-(1,) feature reads as a scalar
+                raw_state = raw_state.unsqueeze(-1)
             if raw_state.ndim != 2 or raw_state.shape[1] != self.state_dim:
                 raise DatasetFormatError(
                     f"items[{config.state_key!r}] stack to {tuple(raw_state.shape)}; expected (B, {self.state_dim})."
@@ -196,6 +199,8 @@ class BatchProcessor:
         config = self.config
         observation = self.observation(items)
         actions = _stack(items, config.action_key, "ProcessorConfig.action_key").to(torch.float32)
+        if actions.ndim == 2 and self.action_dim == 1:  # a shape-(1,) feature reads as (T,) per item
+            actions = actions.unsqueeze(-1)
         horizon = config.action_horizon
         if actions.ndim != 3 or actions.shape[1] != horizon or actions.shape[2] != self.action_dim:
             raise DatasetFormatError(

@@ -24,13 +24,12 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
-from vla.data.errors import DatasetFileNotFoundError, DatasetFormatError
+from vla.data.errors import DatasetFileNotFoundError, DatasetFormatError, corrupt_file_error
 from vla.data.metadata import DatasetMetadata, EpisodeInfo
-from vla.data.parquet_io import column_to_numpy, decode_png
-from vla.data.video import FrameCache, VideoFrameReader
+from vla.data.parquet_io import column_to_numpy, decode_png, read_parquet_schema, read_parquet_table
+from vla.data.video import FrameCache, VideoFrameReader, probe_video_info
 from vla.data.windows import delta_indices, window_rows
 
 ImageDType = Literal["float32", "uint8"]
@@ -162,6 +161,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 f"{self.root}: video file(s) {missing[:5]} listed in the episode metadata are missing. "
                 "Restore them or re-create the dataset."
             )
+        # Open every container once (about 0.3 ms a file): a truncated, zero-byte or garbled header fails
+        # here, naming the file, rather than in a DataLoader worker mid-training.
+        for path in sorted({s.path for e in self.episodes for s in self.meta.episodes[e].videos.values()}):
+            probe_video_info(self.root / path)
 
     def _load_rows(self) -> None:
         stored = [k for k, ft in self.features.items() if ft["dtype"] != "video"]
@@ -176,14 +179,14 @@ class LeRobotDataset(torch.utils.data.Dataset):
                 raise DatasetFileNotFoundError(
                     f"Missing data file {path} (episodes {[i.episode_index for i in infos]} point to it)."
                 )
-            names = pq.read_schema(path).names
+            names = read_parquet_schema(path).names
             absent = [k for k in stored if k not in names]
             if absent:
                 raise DatasetFormatError(
                     f"{path}: meta/info.json declares feature(s) {absent} but the data file has no such "
                     f"column (columns: {names}). Fix info.json features or re-create the data file."
                 )
-            table = pq.read_table(path, columns=stored)
+            table = read_parquet_table(path, columns=stored)
             wanted = pa.array([i.episode_index for i in infos], type=pa.int64())
             table = table.filter(pc.is_in(table.column("episode_index").cast(pa.int64()), value_set=wanted))
             tables.append((path, table))
@@ -235,6 +238,7 @@ class LeRobotDataset(torch.utils.data.Dataset):
             raise DatasetFormatError(
                 f"{self.root}: no data rows for episodes {missing}; re-create the dataset."
             )
+        self._check_fps(tables)
         row_start = np.empty(len(episode_of_row), dtype=np.int64)
         row_end = np.empty(len(episode_of_row), dtype=np.int64)
         for start, end in self._episode_bounds.values():
@@ -243,6 +247,29 @@ class LeRobotDataset(torch.utils.data.Dataset):
         self._episode_of_row = episode_of_row
         self._row_start, self._row_end = row_start, row_end
 
+    def _check_fps(self, tables: list[tuple[Path, Any]]) -> None:
+        """info.json's fps must match the step of the timestamp column inside episodes.
+
+        delta_timestamps and video frame lookups are computed from fps, so a wrong fps would silently
+        pick the wrong frames. The median step is compared (1 % slack), so jitter and float32 rounding
+        of long episodes pass.
+        """
+        timestamps = self._numeric["timestamp"].astype(np.float64)
+        same_episode = np.diff(self._numeric["episode_index"]) == 0
+        steps = np.diff(timestamps)[same_episode]
+        if steps.size == 0:
+            return
+        step = float(np.median(steps))
+        if abs(step * self.fps - 1.0) <= 0.01:
+            return
+        rate = f"{1.0 / step:.4g} fps" if step > 0 else "not increasing"
+        files = sorted({str(path) for path, _ in tables})
+        raise DatasetFormatError(
+            f"{self.root / 'meta/info.json'}: fps is {self.fps} but the timestamps in {files[:3]} advance by "
+            f"{step:.6g} s per frame within episodes ({rate}). Set fps in meta/info.json to the rate the "
+            "data was recorded at, or re-create the dataset."
+        )
+
     # -- items ---------------------------------------------------------------------------------
     def _image(self, key: str, rows: np.ndarray) -> np.ndarray:
         frames = []
@@ -250,7 +277,15 @@ class LeRobotDataset(torch.utils.data.Dataset):
             cache_key = (key, row)
             frame = self._image_cache.get(cache_key) if self._image_cache.max_bytes > 0 else None
             if frame is None:
-                frame = decode_png(self._png[key][row].as_py())
+                try:
+                    frame = decode_png(self._png[key][row].as_py())
+                except (OSError, ValueError, SyntaxError) as exc:  # PIL: UnidentifiedImageError, truncated
+                    episode = int(self._episode_of_row[row])
+                    raise corrupt_file_error(
+                        self.root / self.meta.episodes[episode].data_path,
+                        f"PNG image in column {key!r} (episode {episode}, row {row})",
+                        exc,
+                    ) from exc
                 expected = tuple(self.features[key]["shape"])
                 if frame.shape != expected:
                     raise DatasetFormatError(

@@ -170,7 +170,10 @@ def load_stats(path: Path) -> Stats:
         )
     # json accepts the non-standard tokens NaN/Infinity that Python's json.dump writes.
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise DatasetFormatError(f"{path}: invalid JSON ({exc}).") from exc
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DatasetFormatError(
+            f"{path}: invalid JSON ({type(exc).__name__}: {exc}). The file is truncated or garbled; "
+            "recompute the stats, or re-download or regenerate the dataset."
+        ) from exc
     return stats_from_json(raw, str(path))

@@ -25,7 +25,12 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
-from vla.data.errors import DatasetFileNotFoundError, DatasetFormatError, FrameTimestampError
+from vla.data.errors import (
+    DatasetFileNotFoundError,
+    DatasetFormatError,
+    FrameTimestampError,
+    corrupt_file_error,
+)
 
 # Our codec names -> PyAV encoder names. "av1" is also what LeRobot calls libsvtav1.
 ENCODERS = {"av1": "libsvtav1", "h264": "libx264"}
@@ -33,6 +38,18 @@ DEFAULT_CRF = 30
 DEFAULT_GOP = 2
 # libsvtav1 presets go 0 (slow) .. 13 (fast); LeRobot records with 12 (the encoder maps it to 11).
 SVTAV1_PRESET = 12
+
+
+def _open_video(path: str) -> tuple[Any, Any]:
+    """(container, first video stream) of an MP4 for reading; DatasetFormatError naming a damaged file."""
+    try:
+        container = av.open(path)
+    except av.FFmpegError as exc:
+        raise corrupt_file_error(path, "video file", exc) from exc
+    if not container.streams.video:
+        container.close()
+        raise corrupt_file_error(path, "video file", ValueError("it holds no video stream"))
+    return container, container.streams.video[0]
 
 
 def encoder_options(codec: str, crf: int = DEFAULT_CRF, gop: int = DEFAULT_GOP) -> dict[str, str]:
@@ -129,8 +146,8 @@ def probe_video_info(path: Path | str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise DatasetFileNotFoundError(f"Missing video file {path}.")
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
+    container, stream = _open_video(str(path))
+    with container:
         info = {
             "video.height": stream.height,
             "video.width": stream.width,
@@ -158,11 +175,16 @@ def decode_all_frames(path: Path | str) -> tuple[np.ndarray, np.ndarray]:
     """Every frame of a video: (frames (T, H, W, 3) uint8, timestamps (T,) float64 seconds)."""
     frames, times = [], []
     reformatter = VideoReformatter()
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        for frame in container.decode(stream):
-            frames.append(_to_rgb(reformatter, frame))
-            times.append(float(frame.pts * stream.time_base))
+    container, stream = _open_video(str(path))
+    with container:
+        try:
+            for frame in container.decode(stream):
+                frames.append(_to_rgb(reformatter, frame))
+                times.append(float(frame.pts * stream.time_base))
+        except av.FFmpegError as exc:
+            raise corrupt_file_error(path, "video file", exc) from exc
+    if not frames:
+        raise corrupt_file_error(path, "video file", ValueError("no frame decodes"))
     return np.stack(frames), np.asarray(times)
 
 
@@ -278,8 +300,7 @@ class VideoFrameReader:
                 f"Missing video file {path} (listed in meta/episodes). Restore the file or re-create the "
                 "dataset."
             )
-        container = av.open(path)
-        stream = container.streams.video[0]
+        container, stream = _open_video(path)
         # One decoder thread: frame threading delays output after every seek, and DataLoader workers
         # already use the cores.
         stream.codec_context.thread_count = 1
@@ -291,8 +312,20 @@ class VideoFrameReader:
         return video
 
     def _decode_range(self, path: str, first: float, last: float) -> list[tuple[float, np.ndarray]]:
-        """Decoded (time, frame) pairs covering [first - tolerance, last + tolerance]."""
+        """Decoded (time, frame) pairs covering [first - tolerance, last + tolerance].
+
+        A file that fails to decode (garbled packets) raises DatasetFormatError naming it; its
+        container is closed so the next read starts afresh.
+        """
         video = self._video(path)
+        try:
+            return self._decode_open(video, first, last)
+        except av.FFmpegError as exc:
+            self._open.pop(path, None)
+            video.container.close()
+            raise corrupt_file_error(path, "video file", exc) from exc
+
+    def _decode_open(self, video: _OpenVideo, first: float, last: float) -> list[tuple[float, np.ndarray]]:
         low, high = first - self.tolerance_s, last + self.tolerance_s
         recent = video.recent
         starts_in_recent = bool(recent) and recent[0][0] <= low <= video.last_time
