@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -81,16 +82,24 @@ def _as_dtype(value: Any, key: str) -> torch.dtype:
 
 
 def _check_number(
-    group: dict, key: str, low: float, high: float = math.inf, *, high_open: bool = False
+    group: dict,
+    key: str,
+    low: float,
+    high: float = math.inf,
+    *,
+    high_open: bool = False,
+    where: str = "",
+    hint: str = "",
 ) -> None:
     value = group[key]
+    prefix = f"{where}: " if where else ""
     if isinstance(value, Tensor):
-        raise ValueError(f"{key} must be a Python float here, got a Tensor; pass float({key})")
+        raise ValueError(f"{prefix}{key} must be a Python float here, got a Tensor; pass float({key}){hint}")
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise ValueError(f"{key} must be a finite number, got {value!r}")
+        raise ValueError(f"{prefix}{key} must be a finite number, got {value!r}{hint}")
     if value < low or value > high or (high_open and value >= high):
         bracket = ")" if high_open else "]"
-        raise ValueError(f"{key} must be in [{low}, {high}{bracket}, got {value}")
+        raise ValueError(f"{prefix}{key} must be in [{low}, {high}{bracket}, got {value}{hint}")
 
 
 class Muon(Optimizer):
@@ -226,6 +235,22 @@ class Muon(Optimizer):
         for index, p in enumerate(group["params"]):
             _validate_param(p, group, index, where)
 
+    # ------------------------------------------------------------------ state
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch's load, after checking that the saved state fits these param groups.
+
+        torch maps saved state to params by position only, so state saved with another param order,
+        model or routing would load silently and fail (or corrupt) later. Checked first, each error
+        naming the group and the param: group count and sizes, each group's algorithm, the shape of
+        every saved state tensor against its param, and the saved hyper-parameters (finite, in
+        range). Same-shape params under different names (a reorder or a rename) give a warning.
+        """
+        _check_state_fits(self.param_groups, state_dict)
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["ns_dtype"] = _as_dtype(group["ns_dtype"], "ns_dtype")
+            group["betas"] = tuple(group["betas"])
+
     # ------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -242,6 +267,8 @@ class Muon(Optimizer):
             with torch.enable_grad():
                 loss = closure()
 
+        for group_index, group in enumerate(self.param_groups):
+            _check_live_hyperparameters(group, group_index)
         stats: dict[str, float] = {"comm_wait_s": 0.0}
         clock = time.perf_counter()
 
@@ -533,19 +560,120 @@ def _check_grad(p: Tensor, group: dict, index: int) -> None:
         )
 
 
+# Prefixes wrappers add to parameter names (DDP, torch.compile, FSDP1, activation checkpointing).
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def _bare_name(name: str) -> str:
+    return ".".join(part for part in name.split(".") if f"{part}." not in _WRAPPER_PREFIXES)
+
+
+def _check_state_fits(groups: list[dict], state_dict: dict[str, Any]) -> None:
+    """Raise ValueError naming the group and param where `state_dict` does not fit `groups`."""
+    fix = (
+        "The optimizer state was saved for another model, param order or routing (dmuon.param_groups "
+        "rules); build the optimizer the same way as the saved run, or start without its optimizer state."
+    )
+    if not isinstance(state_dict, dict) or not {"state", "param_groups"} <= set(state_dict):
+        raise ValueError(
+            "Muon.load_state_dict expects a dict with 'state' and 'param_groups' (from "
+            f"Muon.state_dict()), got {type(state_dict).__name__} with keys "
+            f"{sorted(state_dict) if isinstance(state_dict, dict) else '-'}."
+        )
+    saved_groups = state_dict["param_groups"]
+    sizes = [len(g["params"]) for g in groups]
+    saved_sizes = [len(g["params"]) for g in saved_groups]
+    if sizes != saved_sizes:
+        raise ValueError(
+            f"optimizer state has {len(saved_groups)} param group(s) of {saved_sizes} params, but this Muon "
+            f"has {len(groups)} of {sizes}. {fix}"
+        )
+    saved_state = state_dict["state"]
+    renamed: list[str] = []
+    for index, (group, saved) in enumerate(zip(groups, saved_groups, strict=True)):
+        where = _group_label(group, index)
+        saved_algorithm = saved.get("algorithm", "muon")
+        if saved_algorithm != group["algorithm"]:
+            raise ValueError(
+                f"{where}: the saved group {index} is a {saved_algorithm!r} group, this one is "
+                f"{group['algorithm']!r}. {fix}"
+            )
+        merged = {**{k: v for k, v in group.items() if k != "params"}, **saved}
+        _validate_hyperparameters(merged, where=f"saved {where}")
+        names = group.get("param_names") or []
+        saved_names = saved.get("param_names") or []
+        for position, (p, key) in enumerate(zip(group["params"], saved["params"], strict=True)):
+            name = repr(names[position]) if position < len(names) else f"#{position}"
+            saved_name = saved_names[position] if position < len(saved_names) else None
+            was = f" (saved as {saved_name!r})" if saved_name is not None else ""
+            for entry, value in (saved_state.get(key) or {}).items():
+                if isinstance(value, Tensor) and value.ndim > 0 and tuple(value.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"{where}: param {position} {name} has shape {tuple(p.shape)}, but its saved "
+                        f"{entry!r}{was} has shape {tuple(value.shape)}. {fix}"
+                    )
+            if (
+                saved_name is not None
+                and position < len(names)
+                and _bare_name(saved_name) != _bare_name(names[position])
+            ):
+                renamed.append(f"group {index} param {position}: {saved_name!r} -> {names[position]!r}")
+    if renamed:
+        warnings.warn(
+            f"Muon.load_state_dict: {len(renamed)} param(s) have other names than in the saved state "
+            f"(shapes match, so their state loads by position): {'; '.join(renamed[:4])}. If the params were "
+            "reordered rather than renamed, their momentum now belongs to another param.",
+            stacklevel=3,
+        )
+
+
+def _group_label(group: dict, index: int) -> str:
+    """'param group 1 (adamw: 'embed.weight', 'norm.weight', ...)' for error messages."""
+    names = group.get("param_names") or []
+    shown = ", ".join(repr(n) for n in names[:2]) + (", ..." if len(names) > 2 else "")
+    title = f" {group['name']!r}" if group.get("name") else ""
+    return f"param group {index}{title} ({group.get('algorithm', 'muon')}{': ' + shown if shown else ''})"
+
+
+def _check_live_hyperparameters(group: dict, index: int) -> None:
+    """At every step: the values an LR scheduler or user code may have changed since construction.
+
+    A NaN or inf lr (or weight decay, momentum, betas, eps) would turn every weight of the group into
+    NaN in one step without an error; checking a few floats per group costs nothing.
+    """
+    where = _group_label(group, index)
+    hint = (
+        "; it was changed after construction (an LR scheduler, or code setting optimizer.param_groups"
+        f"[{index}][...]), so fix the schedule or the value set there"
+    )
+    _check_number(group, "lr", 0.0, where=where, hint=hint)
+    _check_number(group, "weight_decay", 0.0, where=where, hint=hint)
+    if group["algorithm"] == "muon":
+        _check_number(group, "momentum", 0.0, 1.0, high_open=True, where=where, hint=hint)
+        return
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise ValueError(f"{where}: betas must be two floats (beta1, beta2), got {betas!r}{hint}")
+    for i, beta in enumerate(betas):
+        _check_number({f"betas[{i}]": beta}, f"betas[{i}]", 0.0, 1.0, high_open=True, where=where, hint=hint)
+    _check_number(group, "eps", 0.0, where=where, hint=hint)
+    if group["eps"] <= 0:
+        raise ValueError(f"{where}: eps must be > 0, got {group['eps']}{hint}")
+
+
 def _validate_hyperparameters(group: dict, where: str) -> None:
     algorithm = group.get("algorithm")
     if algorithm not in OPTIMIZER_ALGORITHMS:
         raise ValueError(f"{where}: algorithm must be one of {OPTIMIZER_ALGORITHMS}, got {algorithm!r}")
-    _check_number(group, "lr", 0.0)
-    _check_number(group, "weight_decay", 0.0)
+    _check_number(group, "lr", 0.0, where=where)
+    _check_number(group, "weight_decay", 0.0, where=where)
     if algorithm == "adamw":
         betas = group["betas"]
         if len(betas) != 2:
             raise ValueError(f"{where}: betas must be two floats (beta1, beta2), got {betas!r}")
         for i, beta in enumerate(betas):
-            _check_number({f"betas[{i}]": beta}, f"betas[{i}]", 0.0, 1.0, high_open=True)
-        _check_number(group, "eps", 0.0)
+            _check_number({f"betas[{i}]": beta}, f"betas[{i}]", 0.0, 1.0, high_open=True, where=where)
+        _check_number(group, "eps", 0.0, where=where)
         if group["eps"] <= 0:
             raise ValueError(f"{where}: eps must be > 0, got {group['eps']}")
         for key in ("foreach", "fused"):
@@ -554,7 +682,7 @@ def _validate_hyperparameters(group: dict, where: str) -> None:
         if group["foreach"] and group["fused"]:
             raise ValueError(f"{where}: foreach and fused are exclusive; set at most one of them")
         return
-    _check_number(group, "momentum", 0.0, 1.0, high_open=True)
+    _check_number(group, "momentum", 0.0, 1.0, high_open=True, where=where)
     if not isinstance(group["nesterov"], bool):
         raise ValueError(f"{where}: nesterov must be a bool, got {group['nesterov']!r}")
     if group["adjust_lr"] not in F.ADJUST_LR_CHOICES:
@@ -574,6 +702,6 @@ def _validate_hyperparameters(group: dict, where: str) -> None:
         )
     coefficient_schedule(coefficients, steps)  # raises on malformed rows
     _as_dtype(group["ns_dtype"], "ns_dtype")
-    _check_number(group, "ns_eps", 0.0)
+    _check_number(group, "ns_eps", 0.0, where=where)
     if group["ns_eps"] <= 0:
         raise ValueError(f"{where}: ns_eps must be > 0, got {group['ns_eps']}")

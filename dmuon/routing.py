@@ -28,22 +28,56 @@ DEFAULT_ADAMW_PATTERNS: tuple[str, ...] = (
 )
 
 Rule = Mapping[str, Any] | tuple[str, Mapping[str, Any]]
+OPTIMIZER_CHOICES = ("muon", "adamw")
+
+
+_RULE_FORMS = (
+    "a dict {'pattern': regex, **options}, e.g. {'pattern': r'vision_tower\\.', 'algorithm': 'adamw'}, or a "
+    "(regex, options) pair, e.g. (r'vision_tower\\.', {'algorithm': 'adamw', 'lr': 0.005})"
+)
+
+
+def _rule_parts(i: int, rule: Any) -> tuple[Any, dict[str, Any]]:
+    """(pattern, options) of rule i; ValueError naming the rule and the accepted forms otherwise."""
+    if isinstance(rule, Mapping):
+        options = dict(rule)
+        if "pattern" not in options:
+            raise ValueError(
+                f"routing rule {i} has no 'pattern' key: {dict(rule)!r}. A rule is {_RULE_FORMS}."
+            )
+        return options.pop("pattern"), options
+    if isinstance(rule, Sequence) and not isinstance(rule, (str, bytes)):
+        if len(rule) == 2 and isinstance(rule[1], Mapping):
+            return rule[0], dict(rule[1])
+        hint = ""
+        if len(rule) == 2 and rule[1] in OPTIMIZER_CHOICES:
+            hint = f" Did you mean ({rule[0]!r}, {{'algorithm': {rule[1]!r}}})?"
+        raise ValueError(
+            f"routing rule {i} is the {type(rule).__name__} {rule!r}; a rule is {_RULE_FORMS} (the "
+            f"options must be a dict).{hint}"
+        )
+    raise ValueError(f"routing rule {i} is a {type(rule).__name__} ({rule!r}); a rule is {_RULE_FORMS}.")
 
 
 def _normalise_rules(rules: Sequence[Rule] | None) -> list[tuple[re.Pattern[str], dict[str, Any]]]:
+    if isinstance(rules, (str, Mapping)):
+        raise ValueError(
+            f"routing rules must be a list of rules, got a {type(rules).__name__} ({rules!r}); "
+            f"wrap it in a list: [rule], where a rule is {_RULE_FORMS}."
+        )
     parsed: list[tuple[re.Pattern[str], dict[str, Any]]] = []
     for i, rule in enumerate(rules or ()):
-        if isinstance(rule, tuple):
-            pattern, options = rule[0], dict(rule[1])
-        elif isinstance(rule, Mapping):
-            options = dict(rule)
-            if "pattern" not in options:
-                raise ValueError(f"routing rule {i} has no 'pattern' key: {dict(rule)!r}")
-            pattern = options.pop("pattern")
-        else:
-            raise ValueError(f"routing rule {i} must be a dict with 'pattern' or a (pattern, options) tuple")
-        if "algorithm" in options and options["algorithm"] not in ("muon", "adamw"):
-            raise ValueError(f"routing rule {i} ({pattern!r}): algorithm must be 'muon' or 'adamw'")
+        pattern, options = _rule_parts(i, rule)
+        if not isinstance(pattern, str):
+            raise ValueError(
+                f"routing rule {i}: the pattern must be a regex string, got {type(pattern).__name__} "
+                f"{pattern!r}. A rule is {_RULE_FORMS}."
+            )
+        if "algorithm" in options and options["algorithm"] not in OPTIMIZER_CHOICES:
+            raise ValueError(
+                f"routing rule {i} ({pattern!r}): algorithm must be 'muon' or 'adamw', got "
+                f"{options['algorithm']!r}"
+            )
         try:
             parsed.append((re.compile(pattern), options))
         except re.error as exc:
