@@ -138,15 +138,18 @@ def test_video_variant_keeps_targets_where_the_marker_says(tmp_path) -> None:
     np.testing.assert_allclose(centre, marker["episodes"][0]["targets"][goal], atol=1.5 / 32)
 
 
-def test_ensure_reuses_regenerates_and_refuses(tmp_path) -> None:
+def test_ensure_reuses_and_never_overwrites(tmp_path) -> None:
     root = tmp_path / "syn"
     ensure_synthetic_dataset(root, small_config(episodes=2))
     info = root / "meta/info.json"
     stamp = info.stat().st_mtime_ns
     ensure_synthetic_dataset(root, small_config(episodes=2))
     assert info.stat().st_mtime_ns == stamp
-    ensure_synthetic_dataset(root, small_config(episodes=3))
-    assert json.loads(info.read_text())["total_episodes"] == 3
+    # Other settings: the dataset is kept and the error names the differing setting.
+    with pytest.raises(DatasetError, match=r"other settings \(episodes: 2 -> 3\)"):
+        ensure_synthetic_dataset(root, small_config(episodes=3))
+    assert json.loads(info.read_text())["total_episodes"] == 2
+    assert info.stat().st_mtime_ns == stamp
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")

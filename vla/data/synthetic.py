@@ -18,16 +18,13 @@ the gripper closes); "wrist" looks down from the agent with a field of view of W
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from vla.data.errors import DatasetError
+from vla.data.generated import ensure_generated, write_atomically
 from vla.data.writer import LeRobotDatasetWriter
 
 COLOURS: dict[str, tuple[int, int, int]] = {
@@ -56,6 +53,7 @@ STATE_NAMES = ["x", "y", "z", "vx", "vy", "gripper"]
 ACTION_NAMES = ["dx", "dy", "dz", "grip"]
 CAMERAS = ("top", "wrist")
 MARKER_PATH = "meta/synthetic.json"
+GENERATOR = "vla.data.synthetic"
 
 
 def episode_seed(dataset_seed: int, episode: int) -> int:
@@ -226,25 +224,7 @@ def generate_synthetic_dataset(root: Path | str, config: SyntheticConfig, overwr
     Written to a sibling temporary folder and renamed into place, so a reader (or another rank
     generating the same data) never sees a half-written root.
     """
-    root = Path(root)
-    if root.exists() and any(root.iterdir()) and not overwrite:
-        raise DatasetError(f"{root} exists and is not empty; choose a new root or pass overwrite=True.")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    try:
-        _write_synthetic(staging, config)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    if overwrite and root.exists():
-        shutil.rmtree(root)
-    try:
-        os.replace(staging, root)  # fails if another process already put a non-empty root there
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (root / MARKER_PATH).is_file():
-            raise
-    return root
+    return write_atomically(root, lambda staging: _write_synthetic(staging, config), overwrite=overwrite)
 
 
 def _write_synthetic(root: Path, config: SyntheticConfig) -> None:
@@ -275,30 +255,26 @@ def _write_synthetic(root: Path, config: SyntheticConfig) -> None:
                     "targets": {c: p.tolist() for c, p in world.targets.items()},
                 }
             )
-    marker = {"generator": "vla.data.synthetic", "config": config.to_json(), "episodes": episodes_meta}
+    marker = {"generator": GENERATOR, "config": config.to_json(), "episodes": episodes_meta}
     (root / MARKER_PATH).write_text(json.dumps(marker, indent=2))
 
 
 def ensure_synthetic_dataset(root: Path | str, config: SyntheticConfig) -> Path:
     """Generate the dataset at `root` unless it already holds one made with the same config.
 
-    A root that holds anything else is never overwritten. Safe to call from every rank at once
-    (each may generate, the atomic rename keeps one complete copy); calling it on rank 0 before a
-    barrier saves the duplicate work.
+    A root that holds anything else (another dataset, or synthetic data made with other settings)
+    is never overwritten: that raises DatasetError naming the differing settings. Safe to call from
+    every rank at once (each may generate, the atomic rename keeps one complete copy); calling it on
+    rank 0 before a barrier saves the duplicate work.
     """
-    root = Path(root)
-    marker_path = root / MARKER_PATH
-    if marker_path.is_file():
-        marker = json.loads(marker_path.read_text())
-        if marker.get("config") == config.to_json() and (root / "meta/info.json").is_file():
-            return root
-        return generate_synthetic_dataset(root, config, overwrite=True)
-    if root.exists() and any(root.iterdir()):
-        raise DatasetError(
-            f"{root} exists and is not a synthetic dataset made by vla.data.synthetic (no {MARKER_PATH}); "
-            "refusing to overwrite it. Choose another root for the synthetic data."
-        )
-    return generate_synthetic_dataset(root, config)
+    return ensure_generated(
+        root,
+        marker=MARKER_PATH,
+        generator=GENERATOR,
+        config=config.to_json(),
+        generate=lambda target: generate_synthetic_dataset(target, config),
+        config_key="data.synthetic",
+    )
 
 
 def load_synthetic_marker(root: Path | str) -> dict[str, Any]:

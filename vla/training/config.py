@@ -14,7 +14,7 @@ from typing import Any
 
 OPTIMIZERS = ("adamw", "muon", "dmuon")
 PARALLEL_MODES = ("none", "ddp", "fsdp2")
-DATA_SOURCES = ("synthetic", "lerobot")
+DATA_SOURCES = ("synthetic", "lerobot", "metaworld")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "constant", "linear")
 NAN_POLICIES = ("stop", "skip")
@@ -136,6 +136,45 @@ class SyntheticDataConfig:
 
 
 @dataclass
+class MetaWorldDataConfig:
+    """Scripted-expert MetaWorld demonstrations (vla.sim.demos), recorded under `root` on first use.
+
+    episodes: successful episodes per task; seeds seed, seed + 1, ... are tried per task.
+    """
+
+    tasks: list[str] = field(
+        default_factory=lambda: [
+            "reach-v3",
+            "push-v3",
+            "pick-place-v3",
+            "drawer-open-v3",
+            "button-press-topdown-v3",
+        ]
+    )
+    episodes: int = 50
+    resolution: int = 64
+    cameras: list[str] = field(default_factory=lambda: ["corner2", "topview"])
+    seed: int = 0
+    max_episode_steps: int = 200
+    codec: str = "av1"
+
+    def __post_init__(self) -> None:
+        _choice("data.metaworld.codec", self.codec, ("av1", "h264"))
+        _positive("data.metaworld.episodes", self.episodes)
+        _positive("data.metaworld.resolution", self.resolution)
+        _positive("data.metaworld.max_episode_steps", self.max_episode_steps)
+        _positive("data.metaworld.seed", self.seed, allow_zero=True)
+        if not self.tasks:
+            raise ValueError(
+                "data.metaworld.tasks is empty; list MetaWorld tasks such as [reach-v3, push-v3]"
+            )
+        if not self.cameras:
+            raise ValueError(
+                "data.metaworld.cameras is empty; list MetaWorld cameras such as [corner2, topview]"
+            )
+
+
+@dataclass
 class DataConfig:
     """Where the LeRobot v3.0 dataset is and how its features map onto the policy.
 
@@ -157,6 +196,7 @@ class DataConfig:
     num_workers: int = 2
     uint8_transport: bool = True
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
+    metaworld: MetaWorldDataConfig = field(default_factory=MetaWorldDataConfig)
 
     def __post_init__(self) -> None:
         _choice("data.source", self.source, DATA_SOURCES)
@@ -166,6 +206,32 @@ class DataConfig:
         _positive("data.max_prompt_length", self.max_prompt_length)
         for feature, mode in (self.norm_modes or {}).items():
             _choice(f"data.norm_modes[{feature!r}]", mode, NORM_MODES)
+
+
+@dataclass
+class ClosedLoopConfig:
+    """Closed-loop evaluation in MetaWorld (vla.eval.closed_loop), for runs on data=metaworld.
+
+    Runs at the end of training and, with every > 0, every `every` steps; success per task goes to
+    metrics.jsonl / TensorBoard (eval/success/<task>) and the summary. episodes=0 turns it off.
+    tasks: null evaluates the dataset's tasks. seed: episode e runs on seed + e; seeds the dataset was
+    recorded on are refused. The episodes are split over the ranks.
+    """
+
+    episodes: int = 10
+    every: int = 0
+    tasks: list[str] | None = None
+    seed: int = 1000
+    replan_every: int = 5
+    max_episode_steps: int = 200
+    parallel_envs: int = 10
+    videos: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("episodes", "every", "seed", "videos"):
+            _positive(f"trainer.closed_loop.{key}", getattr(self, key), allow_zero=True)
+        for key in ("replan_every", "max_episode_steps", "parallel_envs"):
+            _positive(f"trainer.closed_loop.{key}", getattr(self, key))
 
 
 @dataclass
@@ -186,6 +252,7 @@ class TrainerConfig:
     val_every: int = 50
     val_batches: int = 4
     open_loop_eval: bool = True  # at the end: sampled chunks vs recorded actions on held-out episodes
+    closed_loop: ClosedLoopConfig = field(default_factory=ClosedLoopConfig)
     checkpoint_every: int = 50
     keep_last: int = 2
     resume: str = "none"
@@ -277,8 +344,10 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         raise ValueError(
             f"model.train_expert_only applies to pi0 presets only (there is no action expert in {cfg.model.preset!r})"
         )
-    if cfg.data.source == "synthetic" and cfg.data.episodes is not None:
-        raise ValueError("data.episodes selects episodes of a lerobot dataset; drop it for data=synthetic")
+    if cfg.data.source != "lerobot" and cfg.data.episodes is not None:
+        raise ValueError(
+            f"data.episodes selects episodes of a lerobot dataset; drop it for data={cfg.data.source}"
+        )
 
 
 CONFIG_DIR = "configs"

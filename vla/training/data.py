@@ -19,16 +19,29 @@ DEFAULT_NORM_MODES = {
 }
 
 
-def dataset_root(cfg: DataConfig, rank: int) -> Path:
-    """The dataset directory; for data=synthetic, rank 0 writes it on first use while others wait."""
-    root = Path(cfg.root)
-    if cfg.source != "synthetic":
-        if not (root / "meta" / "info.json").is_file():
-            raise FileNotFoundError(
-                f"data.root={cfg.root!r} is not a LeRobot dataset (no meta/info.json there); point data.root "
-                "at a local LeRobot v3.0 dataset, or use data=synthetic"
-            )
-        return root
+def demo_config(cfg: DataConfig) -> Any:
+    """The vla.sim.DemoConfig that data=metaworld records (and that closed-loop evaluation replays)."""
+    from vla.sim.demos import DemoConfig
+
+    m = cfg.metaworld
+    return DemoConfig(
+        tasks=list(m.tasks),
+        episodes=m.episodes,
+        resolution=m.resolution,
+        cameras=list(m.cameras),
+        seed=m.seed,
+        max_episode_steps=m.max_episode_steps,
+        codec=m.codec,
+    )
+
+
+def _generate(cfg: DataConfig, root: Path) -> None:
+    if cfg.source == "metaworld":
+        from vla.sim.demos import ensure_sim_dataset
+
+        print(f"recording MetaWorld demonstrations into {root} (first use) ...", flush=True)
+        ensure_sim_dataset(root, demo_config(cfg))
+        return
     s = cfg.synthetic
     synthetic = SyntheticConfig(
         episodes=s.episodes,
@@ -39,8 +52,21 @@ def dataset_root(cfg: DataConfig, rank: int) -> Path:
         fps=s.fps,
         seed=s.seed,
     )
+    ensure_synthetic_dataset(root, synthetic)
+
+
+def dataset_root(cfg: DataConfig, rank: int) -> Path:
+    """The dataset directory; for generated sources rank 0 writes it on first use while others wait."""
+    root = Path(cfg.root)
+    if cfg.source == "lerobot":
+        if not (root / "meta" / "info.json").is_file():
+            raise FileNotFoundError(
+                f"data.root={cfg.root!r} is not a LeRobot dataset (no meta/info.json there); point data.root "
+                "at a local LeRobot v3.0 dataset, or use data=synthetic"
+            )
+        return root
     if rank == 0:
-        ensure_synthetic_dataset(root, synthetic)
+        _generate(cfg, root)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
     return root

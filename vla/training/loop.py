@@ -66,6 +66,7 @@ class Summary:
     world_size: int = 1
     layout: dict[str, Any] = field(default_factory=dict)
     open_loop: dict[str, Any] | None = None
+    closed_loop: dict[str, Any] | None = None
 
 
 class _StopFlag:
@@ -334,6 +335,36 @@ class Trainer:
                 dist.all_reduce(value)  # sums over every rank's held-out samples
         return asdict(report_from_sums(sums))
 
+    @torch.no_grad()
+    def evaluate_closed_loop(self, *, final: bool) -> dict[str, Any] | None:
+        """MetaWorld success per task (trainer.closed_loop), logged as eval/success/<task>; see
+        vla.training.closed_loop. The final evaluation also writes closed_loop.json and its videos."""
+        from vla.training.closed_loop import closed_loop_evaluation
+
+        if self.cfg.data.source != "metaworld" or self.cfg.trainer.closed_loop.episodes == 0:
+            return None
+        start = time.perf_counter()
+        video_dir = self.output_dir / "videos" if final else None
+        ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
+        with ema:
+            report = closed_loop_evaluation(
+                self.cfg, self.model, self.data.processor, is_sharded(self.model), video_dir
+            )
+        reshard(self.model)
+        if report is None:
+            return None
+        scalars = report.pop("scalars")
+        self.tracker.log(self.step - 1, scalars, prefix="eval")
+        if self.is_main:
+            if final:
+                (self.output_dir / "closed_loop.json").write_text(json.dumps(report, indent=1))
+            rates = ", ".join(f"{t['task']} {t['success_rate']:.0%}" for t in report["tasks"])
+            self.tracker.print(
+                f"closed loop at step {self.step}: mean success {report['mean_success']:.0%} ({rates}) "
+                f"in {time.perf_counter() - start:.0f} s"
+            )
+        return report
+
     def fit(self) -> Summary:
         cfg = self.cfg.trainer
         self._write_run_files()
@@ -401,6 +432,9 @@ class Trainer:
                     val_loss = self.validate()
                     if val_loss is not None:
                         self.tracker.log(self.step - 1, {"loss": val_loss}, prefix="val")
+                every = cfg.closed_loop.every
+                if every and self.step % every == 0 and self.step != cfg.steps:
+                    self.evaluate_closed_loop(final=False)
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     path = self.save_checkpoint()
                     self.tracker.print(f"checkpoint {path}")
@@ -427,7 +461,9 @@ class Trainer:
             ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
             with ema:
                 self.checkpoints.export_safetensors(unwrap(self.model), export, metadata=metadata)
-        summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop)
+        # After the export, so a failing simulator never costs the trained policy.
+        closed_loop = self.evaluate_closed_loop(final=True) if stopped is None else None
+        summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop, closed_loop)
         self.tracker.close()
         return summary
 
@@ -458,6 +494,7 @@ class Trainer:
         export: Path | None,
         stopped: str | None,
         open_loop: dict[str, Any] | None,
+        closed_loop: dict[str, Any] | None = None,
     ) -> Summary:
         steady = history[1:] if len(history) > 1 else history  # the first step builds state and plans
         medians = {}
@@ -479,6 +516,7 @@ class Trainer:
             world_size=self.world,
             layout=parameter_layout(self.model),
             open_loop=open_loop,
+            closed_loop=closed_loop,
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -522,6 +560,12 @@ def format_summary(summary: Summary) -> str:
         lines.append(
             f"  open-loop action MSE {o['mse']:.4g} on {o['samples']} held-out samples "
             f"(zero action {o['baseline_zero_mse']:.4g}, dataset mean {o['baseline_center_mse']:.4g})"
+        )
+    if summary.closed_loop:
+        c = summary.closed_loop
+        lines.append(
+            f"  closed-loop success {c['mean_success']:.0%} mean over {len(c['tasks'])} MetaWorld task(s): "
+            + ", ".join(f"{t['task']} {t['successes']}/{t['episodes']}" for t in c["tasks"])
         )
     lines += [
         f"  checkpoint        {summary.checkpoint}",

@@ -1,0 +1,128 @@
+"""Closed-loop evaluation in MetaWorld of a trained run, the scripted expert, or a baseline.
+
+    python scripts/eval_sim.py RUN_DIR --tasks reach-v3,push-v3 --episodes 20 --seed 1000 \
+        --json out/eval.json [--videos 2] [--replan-every 5]
+    python scripts/eval_sim.py --policy expert --tasks reach-v3 --episodes 20 --json out/expert.json
+    python scripts/eval_sim.py --policy zero|random ...
+
+A run is evaluated from its export (policy.safetensors) and processor.json; cameras, resolution and
+tasks default to those of the MetaWorld dataset it trained on (data.root in its config.yaml), and
+seeds that dataset trained on are refused. Writes the JSON report, a PNG of success per task (next to
+the JSON) and, with --videos N, the first N episodes of each task as mp4 files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from vla.eval.closed_loop import (
+    ClosedLoopSettings,
+    ExpertPolicy,
+    RandomPolicy,
+    ZeroPolicy,
+    evaluate_closed_loop,
+    write_report,
+)
+from vla.sim import DEFAULT_TASKS, SimError, parse_tasks
+from vla.sim.demos import load_sim_marker, training_seeds
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run_dir", nargs="?", type=Path, help="a training run directory (omit with --policy)")
+    parser.add_argument(
+        "--policy", choices=["expert", "zero", "random"], help="evaluate a built-in policy instead"
+    )
+    parser.add_argument(
+        "--tasks", default=None, help="comma-separated tasks (default: the run's dataset tasks)"
+    )
+    parser.add_argument("--episodes", type=int, default=20, help="episodes per task")
+    parser.add_argument("--seed", type=int, default=1000, help="episode e runs on seed + e")
+    parser.add_argument(
+        "--cameras", default=None, help="comma-separated cameras (default: the run's dataset's)"
+    )
+    parser.add_argument(
+        "--resolution", type=int, default=None, help="image size (default: the run's dataset's)"
+    )
+    parser.add_argument("--max-episode-steps", type=int, default=200)
+    parser.add_argument(
+        "--replan-every", type=int, default=5, help="actions played from each predicted chunk"
+    )
+    parser.add_argument(
+        "--parallel-envs", type=int, default=10, help="episodes run in lockstep per policy call"
+    )
+    parser.add_argument(
+        "--num-steps", type=int, default=None, help="flow-matching Euler steps (default: model's)"
+    )
+    parser.add_argument("--json", type=Path, required=True, help="report path; the PNG goes beside it")
+    parser.add_argument("--videos", type=int, default=0, help="episodes per task to save as mp4")
+    args = parser.parse_args()
+    if (args.run_dir is None) == (args.policy is None):
+        parser.error("give either RUN_DIR or --policy expert|zero|random")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        dataset, exclude = None, {}
+        if args.run_dir is not None:
+            from vla.eval.policy_runner import load_run_policy, run_dataset_root
+
+            policy = load_run_policy(args.run_dir, seed=args.seed, num_steps=args.num_steps)
+            root = run_dataset_root(args.run_dir)
+            dataset = load_sim_marker(root) if root is not None else None
+            exclude = training_seeds(root) if root is not None else {}
+        else:
+            policy = {"expert": ExpertPolicy, "zero": ZeroPolicy, "random": lambda: RandomPolicy(args.seed)}[
+                args.policy
+            ]()
+        recorded = (dataset or {}).get("config", {})
+        tasks = parse_tasks(args.tasks or recorded.get("tasks") or list(DEFAULT_TASKS))
+        cameras = (
+            [c.strip() for c in args.cameras.split(",")]
+            if args.cameras
+            else recorded.get("cameras", ["corner2"])
+        )
+        settings = ClosedLoopSettings(
+            cameras=tuple(cameras),
+            resolution=args.resolution or recorded.get("resolution", 64),
+            max_episode_steps=args.max_episode_steps,
+            replan_every=args.replan_every,
+            parallel_envs=args.parallel_envs,
+        )
+        start = time.perf_counter()
+        report = evaluate_closed_loop(
+            policy,
+            tasks,
+            args.episodes,
+            args.seed,
+            settings,
+            exclude_seeds=exclude,
+            videos=args.videos,
+            video_dir=args.json.parent / f"{args.json.stem}_videos",
+            progress=lambda task, n: print(
+                f"  {task}: {n} episodes ({time.perf_counter() - start:.0f} s)", flush=True
+            ),
+        )
+    except (SimError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_report(report, args.json, args.json.with_suffix(".png"))
+    print(f"\n{report.policy}: closed-loop success, {args.episodes} episodes per task, seeds {args.seed}..")
+    print(f"{'task':<26} {'success':>8} {'95% CI':>14} {'steps to success':>17}")
+    for t in report.tasks:
+        steps = f"{t.mean_steps_to_success:.1f}" if t.mean_steps_to_success is not None else "-"
+        print(f"{t.task:<26} {t.success_rate:>8.0%} {f'[{t.ci95[0]:.2f}, {t.ci95[1]:.2f}]':>14} {steps:>17}")
+    print(f"{'mean':<26} {report.mean_success:>8.0%}")
+    print(f"wrote {args.json} and {args.json.with_suffix('.png')} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Record scripted-expert MetaWorld demonstrations as a LeRobot v3.0 dataset (AV1 video).
+
+    python scripts/make_sim_dataset.py --tasks reach-v3,push-v3 --episodes 50 --resolution 128 \
+        --root data/metaworld --seed 0 [--cameras corner2] [--overwrite]
+
+Experts run on seeds --seed, --seed + 1, ... per task; only successful episodes are kept, and every
+kept seed is recorded in meta/metaworld.json (evaluation uses seeds disjoint from them). Prints the
+expert's success rate per task and what was kept. See vla/sim/demos.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from vla.data.errors import DatasetError
+from vla.sim import DEFAULT_TASKS, DemoConfig, SimError, generate_sim_dataset
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated MetaWorld v3 tasks")
+    parser.add_argument("--episodes", type=int, default=50, help="successful episodes per task")
+    parser.add_argument("--resolution", type=int, default=64, help="square camera images, pixels")
+    parser.add_argument("--cameras", default="corner2", help="comma-separated MetaWorld cameras")
+    parser.add_argument("--root", type=Path, default=Path("data/metaworld"), help="dataset folder to create")
+    parser.add_argument("--seed", type=int, default=0, help="first expert seed of every task")
+    parser.add_argument("--max-episode-steps", type=int, default=200, help="an expert episode's step cap")
+    parser.add_argument(
+        "--max-attempts", type=int, default=None, help="seeds tried per task (default 2 x episodes)"
+    )
+    parser.add_argument("--codec", choices=["av1", "h264"], default="av1")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --root")
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    try:
+        config = DemoConfig(
+            tasks=args.tasks,
+            episodes=args.episodes,
+            resolution=args.resolution,
+            cameras=[c.strip() for c in args.cameras.split(",") if c.strip()],
+            seed=args.seed,
+            max_episode_steps=args.max_episode_steps,
+            max_attempts=args.max_attempts,
+            codec=args.codec,
+        )
+        start = time.perf_counter()
+        columns = (
+            TextColumn("{task.description:<26}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, disable=not sys.stderr.isatty()) as bar:
+            bars = {task: bar.add_task(task, total=config.episodes) for task in config.tasks}
+            root = generate_sim_dataset(
+                args.root,
+                config,
+                overwrite=args.overwrite,
+                progress=lambda task, kept, wanted: bar.update(bars[task], completed=kept),
+            )
+    except (SimError, DatasetError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from vla.sim.demos import load_sim_marker
+
+    marker = load_sim_marker(root)
+    assert marker is not None
+    print(
+        f"wrote {root} in {time.perf_counter() - start:.0f} s ({config.resolution}px, cameras {config.cameras})"
+    )
+    print(f"{'task':<26} {'expert success':>15} {'kept':>5} {'mean length':>12}")
+    for s in marker["expert"]:
+        print(
+            f"{s['task']:<26} {s['success_rate']:>9.0%} ({s['successes']}/{s['attempts']}) "
+            f"{s['kept']:>5} {s['mean_length']:>12.1f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The closed-loop harness: interval maths, the expert and baselines, a trained export, its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vla.eval.closed_loop import (
+    ClosedLoopSettings,
+    ExpertPolicy,
+    RandomPolicy,
+    ZeroPolicy,
+    evaluate_closed_loop,
+    wilson_interval,
+    write_report,
+)
+from vla.sim import MetaWorldEnv, SimError
+
+SETTINGS = ClosedLoopSettings(
+    cameras=("corner2",), resolution=32, max_episode_steps=120, replan_every=4, parallel_envs=2
+)
+
+
+def test_wilson_interval_matches_reference_values() -> None:
+    # Reference values of the Wilson score interval at z = 1.959964 (e.g. statsmodels proportion_confint).
+    np.testing.assert_allclose(wilson_interval(0, 10), (0.0, 0.27753), atol=1e-5)
+    np.testing.assert_allclose(wilson_interval(10, 10), (0.72247, 1.0), atol=1e-5)
+    np.testing.assert_allclose(wilson_interval(5, 10), (0.23659, 0.76341), atol=1e-5)
+    np.testing.assert_allclose(wilson_interval(18, 20), (0.69897, 0.97214), atol=1e-5)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    low99, high99 = wilson_interval(5, 10, confidence=0.99)
+    assert low99 < 0.23659 and high99 > 0.76341
+    with pytest.raises(ValueError, match="successes <= trials"):
+        wilson_interval(3, 2)
+
+
+def test_expert_and_baselines_through_the_same_harness(tmp_path) -> None:
+    expert = evaluate_closed_loop(
+        ExpertPolicy(), ["reach-v3"], 3, 1000, SETTINGS, videos=1, video_dir=tmp_path / "v"
+    )
+    zero = evaluate_closed_loop(ZeroPolicy(), ["reach-v3"], 2, 1000, SETTINGS)
+    random = evaluate_closed_loop(RandomPolicy(0), ["reach-v3"], 2, 1000, SETTINGS)
+    (task,) = expert.tasks
+    assert task.successes == 3 and task.success_rate == 1.0 and task.episodes == 3
+    assert [r.seed for r in task.results] == [1000, 1001, 1002]
+    assert task.mean_steps_to_success == pytest.approx(np.mean([r.steps for r in task.results]))
+    assert 20 < task.mean_steps_to_success < 120
+    assert zero.tasks[0].success_rate == 0.0 and random.tasks[0].success_rate == 0.0
+    assert all(r.steps == 120 for r in zero.tasks[0].results)  # ran to the cap
+    videos = sorted(p.name for p in (tmp_path / "v").iterdir())
+    assert videos == ["reach-v3_seed1000_success.mp4"]
+    write_report(expert, tmp_path / "r.json", tmp_path / "r.png")
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert saved["policy"] == "expert" and saved["mean_success"] == 1.0
+    assert saved["tasks"][0]["ci95"] == pytest.approx(list(wilson_interval(3, 3)))
+    assert saved["settings"]["replan_every"] == 4 and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_training_seeds_are_refused() -> None:
+    with pytest.raises(SimError, match=r"seeds \[5, 6\] of reach-v3 were used for its training"):
+        evaluate_closed_loop(
+            ZeroPolicy(), ["reach-v3"], 3, 4, SETTINGS, exclude_seeds={"reach-v3": {5, 6, 9}}
+        )
+
+
+def test_trained_export_runs_in_closed_loop(tmp_path, sim_dataset) -> None:
+    """A pi0_tiny export + processor.json, as a run writes them, loads and acts through the harness."""
+    from vla.data import BatchProcessor, DatasetMetadata, ProcessorConfig
+    from vla.eval.policy_runner import load_run_policy
+    from vla.models import build_policy
+    from vla.training.checkpoint import export_safetensors
+
+    policy = build_policy("pi0_tiny", cameras=["corner2"])
+    run = tmp_path / "run"
+    export_safetensors(policy, run / "policy.safetensors")
+    processor = BatchProcessor.from_dataset(
+        ProcessorConfig(
+            camera_map={"observation.images.corner2": "corner2"},
+            image_size=policy.config.vision.image_size,
+            action_horizon=policy.config.action_horizon,
+            uint8_images=True,
+        ),
+        DatasetMetadata(sim_dataset),
+    )
+    (run / "processor.json").write_text(json.dumps(processor.state_dict()))
+    actor = load_run_policy(run, seed=3)
+    for name, tensor in actor.policy.state_dict().items():
+        torch.testing.assert_close(tensor, policy.state_dict()[name], rtol=0, atol=0)
+    settings = ClosedLoopSettings(
+        cameras=("corner2",), resolution=32, max_episode_steps=12, replan_every=5, parallel_envs=2
+    )
+    report = evaluate_closed_loop(actor, ["reach-v3"], 3, 1000, settings)
+    (task,) = report.tasks
+    assert (
+        report.policy == "run" and task.episodes == 3 and [r.seed for r in task.results] == [1000, 1001, 1002]
+    )
+    assert all(r.steps == 12 for r in task.results if not r.success)
+    # Actions are in env units, and the same episode gets the same actions however it is batched.
+    with MetaWorldEnv("reach-v3", ("corner2",), 32) as env:
+        obs = env.reset(1001)
+        chunk = actor.act([env], [obs])
+        assert chunk.shape == (1, policy.config.action_horizon, 4) and np.isfinite(chunk).all()
+        np.testing.assert_allclose(actor.act([env], [obs]), chunk, rtol=1e-5, atol=1e-6)

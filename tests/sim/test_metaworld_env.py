@@ -1,0 +1,77 @@
+"""The MetaWorld wrapper: seeded determinism, observations, the experts, and its errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vla.sim import MetaWorldEnv, SimError, available_tasks, instruction, parse_tasks
+
+
+def _episode(env: MetaWorldEnv, seed: int, steps: int) -> list[dict]:
+    observations = [env.reset(seed)]
+    for _ in range(steps):
+        observations.append(env.step(env.expert_action()).observation)
+    return observations
+
+
+def test_same_seed_same_episode_in_separate_instances() -> None:
+    with (
+        MetaWorldEnv("push-v3", ("corner2", "topview"), 32) as a,
+        MetaWorldEnv("push-v3", ("corner2", "topview"), 32) as b,
+    ):
+        first, second = _episode(a, 7, 5), _episode(b, 7, 5)
+        for x, y in zip(first, second):
+            assert x.keys() == y.keys()
+            np.testing.assert_array_equal(x["observation.state"], y["observation.state"])
+            np.testing.assert_array_equal(x["observation.images.corner2"], y["observation.images.corner2"])
+            np.testing.assert_array_equal(x["observation.images.topview"], y["observation.images.topview"])
+        # Another seed moves the puck and the goal: the images differ.
+        other = a.reset(8)
+        assert not np.array_equal(other["observation.images.topview"], first[0]["observation.images.topview"])
+
+
+def test_observation_layout_and_ranges() -> None:
+    with MetaWorldEnv("reach-v3", ("corner2",), 48) as env:
+        obs = env.reset(0)
+        assert set(obs) == {"observation.state", "observation.images.corner2", "task"}
+        assert obs["observation.state"].shape == (4,) and obs["observation.state"].dtype == np.float32
+        image = obs["observation.images.corner2"]
+        assert image.shape == (48, 48, 3) and image.dtype == np.uint8 and image.std() > 10
+        assert obs["task"] == instruction("reach-v3") == "reach the goal"
+        action = env.expert_action()
+        assert action.shape == (4,) and action.dtype == np.float32 and np.abs(action).max() <= 1.0
+
+
+def test_expert_succeeds_and_done_at_success() -> None:
+    with MetaWorldEnv("reach-v3", ("corner2",), 32, max_episode_steps=150) as env:
+        env.reset(3)
+        step = None
+        while step is None or not step.done:
+            step = env.step(env.expert_action())
+        assert step.success and env.steps < 150
+
+
+def test_cap_ends_episode_and_bad_actions_raise() -> None:
+    with MetaWorldEnv("reach-v3", ("corner2",), 32, max_episode_steps=3) as env:
+        with pytest.raises(SimError, match="reset"):
+            env.step(np.zeros(4))
+        env.reset(0)
+        with pytest.raises(SimError, match="4 values"):
+            env.step(np.zeros(3))
+        with pytest.raises(SimError, match="non-finite action"):
+            env.step(np.array([0.0, np.nan, 0.0, 0.0]))
+        results = [env.step(np.zeros(4)) for _ in range(3)]
+        assert [r.done for r in results] == [False, False, True] and not results[-1].success
+        with pytest.raises(SimError, match="already ended"):
+            env.step(np.zeros(4))
+
+
+def test_unknown_names_are_named() -> None:
+    assert "pick-place-v3" in available_tasks()
+    with pytest.raises(SimError, match="did you mean 'reach-v3'"):
+        parse_tasks("reach-v2")
+    with pytest.raises(SimError, match="unknown camera"):
+        MetaWorldEnv("reach-v3", ("front",))
+    with pytest.raises(SimError, match="seed"):
+        MetaWorldEnv("reach-v3", ("corner2",), 32).reset(-1)

@@ -1,0 +1,71 @@
+"""data=metaworld in the trainer: closed-loop success at the end of a run and every K steps."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from _sim_fixtures import SIM_DATA_OVERRIDES
+from _trainer_runs import metrics, run_in_process, run_torchrun
+
+TINY_SIM = [
+    "model=pi0_tiny",
+    "+model.overrides.cameras=[corner2,topview]",
+    *SIM_DATA_OVERRIDES,
+    "data.val_fraction=0.25",
+    "data.num_workers=0",
+    "trainer.batch_size=4",
+    "trainer.warmup_steps=1",
+    "trainer.progress_bar=false",
+    "trainer.val_batches=1",
+    "trainer.closed_loop.episodes=2",
+    "trainer.closed_loop.max_episode_steps=10",
+    "trainer.closed_loop.parallel_envs=2",
+]
+
+
+@pytest.mark.slow
+def test_run_reports_closed_loop_success(tmp_path, sim_dataset) -> None:
+    out = tmp_path / "run"
+    summary = run_in_process(
+        [*TINY_SIM, f"data.root={sim_dataset}", f"output_dir={out}", "trainer.steps=4", "trainer.closed_loop.every=2",
+         "trainer.closed_loop.videos=1"]
+    )  # fmt: skip
+    report = summary.closed_loop
+    assert [t["task"] for t in report["tasks"]] == ["reach-v3", "button-press-topdown-v3"]
+    assert all(
+        t["episodes"] == 2 and [r["seed"] for r in t["results"]] == [1000, 1001] for t in report["tasks"]
+    )
+    assert json.loads((out / "closed_loop.json").read_text())["tasks"] == json.loads(
+        json.dumps(report["tasks"])
+    )
+    evals = [r for r in metrics(out, "eval") if "success/mean" in r]
+    assert [r["step"] for r in evals] == [1, 3]  # every=2, then the end of the run
+    assert set(evals[-1]) >= {"success/reach-v3", "success/button-press-topdown-v3", "success/mean"}
+    assert len(list((out / "videos").glob("*.mp4"))) == 2  # one per task
+
+
+def test_training_seeds_are_refused(tmp_path, sim_dataset) -> None:
+    from vla.training.closed_loop import closed_loop_evaluation
+    from vla.training.config import compose
+
+    cfg = compose([*TINY_SIM, f"data.root={sim_dataset}", "trainer.closed_loop.seed=4"])
+    with pytest.raises(
+        ValueError, match=r"seeds \[5, 6\] of reach-v3 are training demonstrations.*seed >= 7"
+    ):
+        closed_loop_evaluation(cfg, None, None, False, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+@pytest.mark.multiproc
+def test_fsdp2_run_splits_episodes_and_matches_one_process(tmp_path, sim_dataset) -> None:
+    """2 ranks (FSDP2) play half the episodes each; the gathered report equals a 1-process run's."""
+    common = [*TINY_SIM, f"data.root={sim_dataset}", "trainer.steps=2", "trainer.closed_loop.episodes=3"]
+    single = run_in_process([*common, f"output_dir={tmp_path / 'one'}"]).closed_loop
+    run_torchrun([*common, f"output_dir={tmp_path / 'two'}", "parallel=fsdp2"], 2)
+    double = json.loads((tmp_path / "two" / "closed_loop.json").read_text())
+    for a, b in zip(single["tasks"], double["tasks"]):
+        assert [r["seed"] for r in b["results"]] == [1000, 1001, 1002]
+        assert [(r["success"], r["steps"]) for r in a["results"]] == [
+            (r["success"], r["steps"]) for r in b["results"]
+        ]

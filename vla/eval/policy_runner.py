@@ -1,0 +1,145 @@
+"""A trained policy as a closed-loop actor: environment observations in, action chunks (env units) out.
+
+`load_run_policy(run_dir)` rebuilds what a training run exported: the policy from
+`policy.safetensors` (its config is in the file's metadata) and the processor (normalisation stats,
+camera map, prompt tokenizer) from `processor.json`. `PolicyActor` then turns a list of observation
+dicts (as `vla.sim.MetaWorldEnv` or `vla.data.synthetic.ReachWorld` return them) into a batch, samples
+an action chunk and maps it back to the dataset's units.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from vla.data.processor import BatchProcessor
+
+EXPORT_FILE = "policy.safetensors"
+PROCESSOR_FILE = "processor.json"
+
+
+class PolicyActor:
+    """Samples (B, H, action_dim) chunks in dataset units for B observation dicts.
+
+    Noise for the flow-matching sampler is drawn per environment from (seed, the env's episode seed, its
+    step count) when the env has them (vla.sim.MetaWorldEnv), so an episode gets the same actions however
+    episodes are batched or split over ranks; otherwise from one generator seeded with `seed`.
+    num_steps: Euler steps (None: the policy config's).
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        processor: BatchProcessor,
+        *,
+        name: str = "policy",
+        seed: int = 0,
+        num_steps: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.policy = policy.eval()
+        self.name = name
+        self.device = torch.device(device)
+        # Inference wants final float images straight from observation(): no uint8 transport.
+        config = replace(processor.config, uint8_images=False, resize_on_finalize=False)
+        self.processor = BatchProcessor(
+            config,
+            processor.normalizer,
+            processor.state_dim,
+            processor.action_dim,
+            processor.prompts.tokenizer,
+        )
+        self.num_steps = num_steps
+        self.seed = seed
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def _noise(self, envs: Sequence[Any] | None, batch: int) -> torch.Tensor:
+        config = self.policy.config
+        shape = (config.action_horizon, config.max_action_dim)
+        keys = [(getattr(e, "seed", None), getattr(e, "steps", None)) for e in envs or []]
+        if len(keys) != batch or any(seed is None or steps is None for seed, steps in keys):
+            return torch.randn((batch, *shape), generator=self._generator)
+        return torch.stack(
+            [
+                torch.randn(
+                    shape, generator=torch.Generator().manual_seed(hash((self.seed, s, t)) & (2**62 - 1))
+                )
+                for s, t in keys
+            ]
+        )
+
+    @torch.no_grad()
+    def sample(
+        self, observations: Sequence[Mapping[str, Any]], envs: Sequence[Any] | None = None
+    ) -> np.ndarray:
+        """(B, H, action_dim) float32 actions in dataset units for B observation dicts."""
+        observation = self.processor.observation(observations).to(self.device)
+        kwargs: dict[str, Any] = {}
+        if self.policy.config.kind == "pi0":
+            kwargs["noise"] = self._noise(envs, len(observations)).to(self.device)
+            if self.num_steps is not None:
+                kwargs["num_steps"] = self.num_steps
+        actions = self.policy.sample_actions(observation, **kwargs)
+        return self.processor.unnormalize_actions(actions.float().cpu()).numpy()
+
+    def act(self, envs: Sequence[Any], observations: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return self.sample(observations, envs)
+
+
+def read_processor(path: Path | str) -> BatchProcessor:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no {PROCESSOR_FILE} at {path}; it is written by every training run")
+    try:
+        return BatchProcessor.from_state_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path} is not a processor state written by a training run: {exc}") from exc
+
+
+def load_exported_policy(path: Path | str) -> nn.Module:
+    """The policy in an exported safetensors file (the config comes from its "policy_config" metadata)."""
+    from vla.models import build_policy
+    from vla.training.checkpoint import load_safetensors_into, read_safetensors_metadata
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no exported policy at {path}; a run writes it at the end (trainer.export_safetensors=true)"
+        )
+    metadata = read_safetensors_metadata(path)
+    if "policy_config" not in metadata:
+        raise ValueError(
+            f"{path} has no 'policy_config' in its metadata; it was not exported by vla.training"
+        )
+    policy = build_policy(json.loads(metadata["policy_config"]))
+    load_safetensors_into(policy, path)
+    return policy.eval()
+
+
+def load_run_policy(run_dir: Path | str, **actor_kwargs: Any) -> PolicyActor:
+    """A PolicyActor for the export and processor of a training run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    actor_kwargs.setdefault("name", run_dir.name)
+    return PolicyActor(
+        load_exported_policy(run_dir / EXPORT_FILE), read_processor(run_dir / PROCESSOR_FILE), **actor_kwargs
+    )
+
+
+def run_dataset_root(run_dir: Path | str) -> Path | None:
+    """The data.root a run trained on (from its config.yaml), or None if it cannot be read."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.load(path).get("data", {}).get("root")
+    return Path(root) if root else None

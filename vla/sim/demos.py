@@ -1,0 +1,191 @@
+"""Scripted-expert demonstrations of MetaWorld tasks, written as a LeRobot v3.0 dataset.
+
+For every task the expert is rolled out on seeds seed, seed + 1, ... until `episodes` of them
+succeed (or `max_attempts` seeds were tried). An episode is recorded frame by frame (observation,
+then the expert's action) up to and including the step that reaches success; failed episodes are
+dropped. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
+that were never trained on, and the expert's success rate per task is recorded beside it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vla.data.generated import ensure_generated, read_marker, write_atomically
+from vla.data.writer import LeRobotDatasetWriter
+from vla.sim.metaworld_env import (
+    CONTROL_FPS,
+    DEFAULT_TASKS,
+    MetaWorldEnv,
+    SimError,
+    parse_tasks,
+    sim_features,
+)
+
+MARKER_PATH = "meta/metaworld.json"
+GENERATOR = "vla.sim.demos"
+
+
+@dataclass
+class DemoConfig:
+    """What to record. episodes: successful episodes per task; max_attempts: seeds tried per task
+    (default 2 x episodes) before giving up on reaching `episodes`."""
+
+    tasks: list[str] = field(default_factory=lambda: list(DEFAULT_TASKS))
+    episodes: int = 50
+    resolution: int = 64
+    cameras: list[str] = field(default_factory=lambda: ["corner2"])
+    seed: int = 0
+    max_episode_steps: int = 200
+    max_attempts: int | None = None
+    codec: str = "av1"
+
+    def __post_init__(self) -> None:
+        self.tasks = parse_tasks(self.tasks)
+        self.cameras = [str(c) for c in self.cameras]
+        if self.episodes < 1:
+            raise SimError(f"episodes must be >= 1, got {self.episodes}")
+        if self.max_attempts is not None and self.max_attempts < self.episodes:
+            raise SimError(f"max_attempts ({self.max_attempts}) must be >= episodes ({self.episodes})")
+        if self.seed < 0:
+            raise SimError(f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def attempts(self) -> int:
+        return self.max_attempts if self.max_attempts is not None else 2 * self.episodes
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ExpertStats:
+    """One task's recording: seeds tried, how many succeeded, and what was kept."""
+
+    task: str
+    attempts: int
+    successes: int
+    kept: int
+    mean_length: float
+
+    @property
+    def success_rate(self) -> float:
+        return self.successes / max(self.attempts, 1)
+
+
+# progress(task, kept, wanted): called after every attempt
+Progress = Callable[[str, int, int], None]
+
+
+def record_demos(root: Path, config: DemoConfig, progress: Progress | None = None) -> list[ExpertStats]:
+    """Write the dataset into the (empty or new) directory `root`; see the module docstring."""
+    episodes_meta: list[dict[str, Any]] = []
+    stats: list[ExpertStats] = []
+    with LeRobotDatasetWriter(
+        root,
+        fps=CONTROL_FPS,
+        features=sim_features(config.cameras, config.resolution),
+        robot_type="sawyer",
+        use_videos=True,
+        video_codec=config.codec,
+        overwrite=True,  # the caller hands over a fresh staging folder
+    ) as writer:
+        for task in config.tasks:
+            kept, successes, lengths = 0, 0, []
+            attempt = 0
+            with MetaWorldEnv(task, config.cameras, config.resolution, config.max_episode_steps) as env:
+                while kept < config.episodes and attempt < config.attempts:
+                    seed = config.seed + attempt
+                    attempt += 1
+                    frames, success = _rollout(env, seed)
+                    if success:
+                        successes += 1
+                        for frame in frames:
+                            writer.add_frame(frame, task=env.instruction)
+                        writer.save_episode()
+                        episodes_meta.append(
+                            {
+                                "episode_index": len(episodes_meta),
+                                "task": task,
+                                "seed": seed,
+                                "length": len(frames),
+                            }
+                        )
+                        lengths.append(len(frames))
+                        kept += 1
+                    if progress is not None:
+                        progress(task, kept, config.episodes)
+            if kept < config.episodes:
+                raise SimError(
+                    f"the {task} expert succeeded on only {kept} of {attempt} seeds; wanted {config.episodes} "
+                    "episodes. Raise max_attempts or max_episode_steps, or record fewer episodes."
+                )
+            stats.append(ExpertStats(task, attempt, successes, kept, sum(lengths) / len(lengths)))
+    marker = {
+        "generator": GENERATOR,
+        "config": config.to_json(),
+        "episodes": episodes_meta,
+        "expert": [{**asdict(s), "success_rate": s.success_rate} for s in stats],
+    }
+    (root / MARKER_PATH).write_text(json.dumps(marker, indent=1))
+    return stats
+
+
+def _rollout(env: MetaWorldEnv, seed: int) -> tuple[list[dict[str, Any]], bool]:
+    """The expert's episode on `seed`: frames (observation + action) up to the first success."""
+    observation = env.reset(seed)
+    frames = []
+    while True:
+        action = env.expert_action()
+        frame = {k: v for k, v in observation.items() if k != "task"}
+        frame["action"] = action
+        frames.append(frame)
+        step = env.step(action)
+        if step.done:
+            return frames, step.success
+        observation = step.observation
+
+
+def generate_sim_dataset(
+    root: Path | str, config: DemoConfig, *, overwrite: bool = False, progress: Progress | None = None
+) -> Path:
+    """Record the dataset atomically into `root` (a non-empty root only with overwrite=True)."""
+    return write_atomically(
+        root, lambda staging: record_demos(staging, config, progress), overwrite=overwrite
+    )
+
+
+def ensure_sim_dataset(root: Path | str, config: DemoConfig, progress: Progress | None = None) -> Path:
+    """Reuse the dataset at `root` if it was recorded with `config`; record it if root is empty.
+
+    A root recorded with other settings, or holding anything else, is never overwritten (DatasetError
+    names the differing settings).
+    """
+    return ensure_generated(
+        root,
+        marker=MARKER_PATH,
+        generator=GENERATOR,
+        config=config.to_json(),
+        generate=lambda target: generate_sim_dataset(target, config, progress=progress),
+        config_key="data.metaworld",
+    )
+
+
+def load_sim_marker(root: Path | str) -> dict[str, Any] | None:
+    """The recording's record ({"config", "episodes": [{episode_index, task, seed, length}], "expert"}),
+    or None when `root` was not recorded by this module."""
+    marker = read_marker(root, MARKER_PATH)
+    return marker if marker is not None and marker.get("generator") == GENERATOR else None
+
+
+def training_seeds(root: Path | str) -> dict[str, set[int]]:
+    """task -> seeds of the recorded episodes (empty when `root` is not a recorded MetaWorld dataset)."""
+    marker = load_sim_marker(root)
+    seeds: dict[str, set[int]] = {}
+    for episode in (marker or {}).get("episodes", []):
+        seeds.setdefault(episode["task"], set()).add(int(episode["seed"]))
+    return seeds

@@ -1,0 +1,260 @@
+"""MetaWorld tasks as closed-loop environments for VLA policies, with their scripted experts.
+
+One `MetaWorldEnv` wraps one MetaWorld v3 task (the goal-observable variant, which its expert needs):
+
+    reset(seed) -> observation        step(action (4,)) -> SimStep(observation, success, done)
+
+Observations are dicts keyed like the LeRobot datasets made from them (vla.sim.demos), so the data
+processor turns them into a policy's input unchanged:
+    "observation.state"            (4,) float32: hand x, y, z (metres) and gripper opening
+    "observation.images.<camera>"  (R, R, 3) uint8, upright
+    "task"                         the task's language instruction
+Actions are (4,) in [-1, 1]: dx, dy, dz (about 1 cm per unit) and gripper effort (-1 open, +1 close);
+anything outside is clipped, as MetaWorld's own experts slightly exceed the range.
+
+Why not `env.render()`: MetaWorld's renderer multisamples 4x and draws a 4096-px shadow map, ~150 ms
+a frame here at any resolution; our own `mujoco.Renderer` without multisampling, shadows or
+reflections draws a 64x64 frame in ~7 ms (see shared/reference/sim.md).
+
+Seeding: MetaWorld ignores `reset(seed=...)`, and goal-observable envs freeze object and goal positions
+after construction. `reset(seed)` unfreezes them and seeds the env's generator, so one seed gives
+bit-identical observations and images in any env instance, and different seeds different layouts.
+
+This package never imports vla.models or vla.training; vla.eval joins policies and simulators.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+# Headless OpenGL (Mesa's software EGL on CPU machines); must be chosen before mujoco is imported.
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+# The instruction a policy is given for each task (MetaWorld has none of its own).
+TASK_INSTRUCTIONS: dict[str, str] = {
+    "reach-v3": "reach the goal",
+    "push-v3": "push the puck to the goal",
+    "pick-place-v3": "pick up the puck and place it at the goal",
+    "drawer-open-v3": "open the drawer",
+    "drawer-close-v3": "close the drawer",
+    "button-press-topdown-v3": "press the button from the top",
+    "button-press-v3": "press the button",
+    "door-open-v3": "open the door",
+    "window-open-v3": "open the window",
+    "window-close-v3": "close the window",
+    "peg-insert-side-v3": "insert the peg into the hole",
+}
+DEFAULT_TASKS = ("reach-v3", "push-v3", "pick-place-v3", "drawer-open-v3", "button-press-topdown-v3")
+CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+# MetaWorld's corner cameras render upside down.
+_UPSIDE_DOWN = frozenset({"corner", "corner2", "corner3", "corner4"})
+STATE_NAMES = ["hand_x", "hand_y", "hand_z", "gripper"]
+ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
+STATE_DIM, ACTION_DIM = len(STATE_NAMES), len(ACTION_NAMES)
+MAX_PATH_LENGTH = 500  # MetaWorld's own episode cap
+CONTROL_FPS = 80  # MetaWorld steps 5 x 2.5 ms of simulation per action
+
+
+class SimError(RuntimeError):
+    """A simulator problem the user can fix (unknown task or camera, metaworld not installed)."""
+
+
+@dataclass
+class SimStep:
+    """What one `MetaWorldEnv.step` returns. done: success, or the episode cap was reached."""
+
+    observation: dict[str, Any]
+    success: bool
+    done: bool
+
+
+def _import_metaworld() -> tuple[Any, Any, Any]:
+    try:
+        import mujoco
+        from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
+        from metaworld.policies import ENV_POLICY_MAP
+    except ImportError as exc:
+        raise SimError(
+            f"MetaWorld is not installed ({exc}); install the simulation extra: pip install -e '.[sim]'"
+        ) from exc
+    return mujoco, ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE, ENV_POLICY_MAP
+
+
+def available_tasks() -> list[str]:
+    """Every MetaWorld v3 task name that has an environment and a scripted expert."""
+    _, envs, experts = _import_metaworld()
+    return sorted(name for name in experts if f"{name}-goal-observable" in envs)
+
+
+def instruction(task: str) -> str:
+    """The language instruction of a task ('reach-v3' -> 'reach the goal'); a generic one if unlisted."""
+    return TASK_INSTRUCTIONS.get(task, task.removesuffix("-v3").replace("-", " "))
+
+
+def parse_tasks(spec: str | list[str] | tuple[str, ...]) -> list[str]:
+    """'reach-v3,push-v3' or a list -> validated task names (error names the unknown ones)."""
+    tasks = [t.strip() for t in spec.split(",")] if isinstance(spec, str) else [str(t) for t in spec]
+    tasks = [t for t in tasks if t]
+    if not tasks:
+        raise SimError("no MetaWorld task given; pass e.g. --tasks reach-v3,push-v3")
+    known = available_tasks()
+    unknown = [t for t in tasks if t not in known]
+    if unknown:
+        import difflib
+
+        hints = {t: difflib.get_close_matches(t, known, n=1) for t in unknown}
+        fix = "; ".join(f"{t!r}: did you mean {h[0]!r}?" for t, h in hints.items() if h)
+        raise SimError(f"unknown MetaWorld task(s) {unknown}. {fix} Known tasks: {', '.join(known)}")
+    if len(set(tasks)) != len(tasks):
+        raise SimError(f"a task is listed twice in {tasks}")
+    return tasks
+
+
+class MetaWorldEnv:
+    """One MetaWorld v3 task with fast headless rendering and its scripted expert.
+
+    task: e.g. "pick-place-v3" (see `available_tasks()`).
+    cameras: MetaWorld camera names to render, each (resolution, resolution, 3) uint8.
+    resolution: image height = width in pixels.
+    max_episode_steps: `step` reports done after this many steps (at most MetaWorld's 500).
+    """
+
+    def __init__(
+        self,
+        task: str,
+        cameras: tuple[str, ...] | list[str] = ("corner2",),
+        resolution: int = 64,
+        max_episode_steps: int = 200,
+    ) -> None:
+        mujoco, envs, experts = _import_metaworld()
+        parse_tasks([task])
+        unknown = [c for c in cameras if c not in CAMERAS]
+        if unknown or not cameras:
+            raise SimError(
+                f"unknown camera(s) {list(unknown) or '(none given)'}; MetaWorld has {list(CAMERAS)}"
+            )
+        if not isinstance(resolution, int) or resolution < 8:
+            raise SimError(f"resolution must be an int >= 8 pixels, got {resolution!r}")
+        if not 1 <= max_episode_steps <= MAX_PATH_LENGTH:
+            raise SimError(f"max_episode_steps must be in [1, {MAX_PATH_LENGTH}], got {max_episode_steps}")
+        self.task = task
+        self.instruction = instruction(task)
+        self.cameras = tuple(cameras)
+        self.resolution = resolution
+        self.max_episode_steps = max_episode_steps
+        self._mujoco = mujoco
+        # MetaWorld seeds numpy's global generator while it builds an env; keep the caller's stream.
+        state = np.random.get_state()
+        try:
+            self._env = envs[f"{task}-goal-observable"]()
+        finally:
+            np.random.set_state(state)
+        self._env._freeze_rand_vec = False  # new object/goal positions at each reset ...
+        self._env.seeded_rand_vec = True  # ... drawn from the env's own seeded generator
+        self._expert = experts[task]()
+        model = self._env.model
+        model.vis.quality.offsamples = 0  # no multisampling; must precede the Renderer
+        try:
+            self._renderer = mujoco.Renderer(model, resolution, resolution)
+        except mujoco.FatalError as exc:
+            raise SimError(
+                f"mujoco cannot render offscreen ({exc}); set MUJOCO_GL=egl (or osmesa) in the environment, "
+                "or import vla.sim before mujoco/metaworld so it can choose EGL"
+            ) from exc
+        flags = self._renderer.scene.flags
+        flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._raw: np.ndarray | None = None
+        self.steps = 0
+        self.seed: int | None = None
+
+    # -- episode ---------------------------------------------------------------------------------
+    def reset(self, seed: int) -> dict[str, Any]:
+        """Start the episode of `seed` (object and goal positions follow from it alone)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise SimError(f"reset needs a seed that is an int >= 0, got {seed!r}")
+        self._env.seed(int(seed))
+        self._raw, _ = self._env.reset()
+        self.steps = 0
+        self.seed = int(seed)
+        return self.observation()
+
+    def step(self, action: np.ndarray) -> SimStep:
+        """Apply one (4,) action (clipped to [-1, 1]); NaN/inf actions raise instead of corrupting the sim."""
+        if self._raw is None:
+            raise SimError("call reset(seed) before step()")
+        if self.steps >= self.max_episode_steps:
+            raise SimError(f"the episode already ended after {self.steps} steps; call reset(seed)")
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != (ACTION_DIM,):
+            raise SimError(f"action must have {ACTION_DIM} values (dx, dy, dz, gripper), got {action.shape}")
+        if not np.isfinite(action).all():
+            raise SimError(f"non-finite action {action.tolist()} at step {self.steps} of seed {self.seed}")
+        self._raw, _, _, _, info = self._env.step(np.clip(action, -1.0, 1.0).astype(np.float32))
+        self.steps += 1
+        success = bool(info["success"])
+        return SimStep(self.observation(), success, success or self.steps >= self.max_episode_steps)
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's (4,) float32 action for the current state, clipped to [-1, 1]."""
+        if self._raw is None:
+            raise SimError("call reset(seed) before expert_action()")
+        with warnings.catch_warnings():  # experts exceed the action range and warn about it
+            warnings.simplefilter("ignore")
+            action = self._expert.get_action(self._raw)
+        return np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
+
+    # -- observation -----------------------------------------------------------------------------
+    def state(self) -> np.ndarray:
+        """(4,) float32: hand position (x, y, z) and gripper opening."""
+        assert self._raw is not None
+        return self._raw[:STATE_DIM].astype(np.float32)
+
+    def render(self, camera: str) -> np.ndarray:
+        """(R, R, 3) uint8 upright image from one MetaWorld camera."""
+        self._renderer.update_scene(self._env.data, camera=camera)
+        image = self._renderer.render()
+        if camera in _UPSIDE_DOWN:
+            image = image[::-1, ::-1]
+        return np.ascontiguousarray(image)
+
+    def observation(self) -> dict[str, Any]:
+        obs: dict[str, Any] = {"observation.state": self.state()}
+        for camera in self.cameras:
+            obs[f"observation.images.{camera}"] = self.render(camera)
+        obs["task"] = self.instruction
+        return obs
+
+    # -- lifetime --------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Free the renderer's GL context (EGL complains at interpreter exit otherwise)."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None  # type: ignore[assignment]
+        self._env.close()
+
+    def __enter__(self) -> MetaWorldEnv:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def sim_features(cameras: tuple[str, ...] | list[str], resolution: int) -> dict[str, dict[str, Any]]:
+    """The LeRobot features of a dataset recorded from `MetaWorldEnv(cameras, resolution)`."""
+    features: dict[str, dict[str, Any]] = {
+        f"observation.images.{camera}": {
+            "dtype": "video",
+            "shape": [resolution, resolution, 3],
+            "names": ["height", "width", "channels"],
+        }
+        for camera in cameras
+    }
+    features["observation.state"] = {"dtype": "float32", "shape": [STATE_DIM], "names": STATE_NAMES}
+    features["action"] = {"dtype": "float32", "shape": [ACTION_DIM], "names": ACTION_NAMES}
+    return features
