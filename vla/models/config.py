@@ -121,12 +121,13 @@ SIGLIP_SMALL = SiglipSpec(width=384, depth=3, mlp_dim=1536, num_heads=6, patch_s
 GEMMA_TINY = GemmaSpec(width=64, depth=2, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16)
 GEMMA_TINY_EXPERT = GemmaSpec(width=32, depth=2, mlp_dim=64, num_heads=8, num_kv_heads=1, head_dim=16)
 SIGLIP_TINY = SiglipSpec(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=14, image_size=28)
-# Sim: sized for closed-loop MetaWorld studies on 2 CPU cores (a step at batch 16 in ~0.4 s, sampling a
-# chunk for 10 environments in ~0.1 s): two 64-px cameras cut into 8-px patches (64 tokens each), the
-# VLM/expert aspect ratios of GEMMA_SMALL (Muon matrices 2048 x 256), a 16-step chunk (0.2 s at 80 Hz).
+# Sim: sized for closed-loop MetaWorld studies on 2 CPU cores: two 64-px cameras cut into 16-px patches
+# (16 tokens each; 8-px patches cost 2.5x the step time), the VLM/expert aspect ratios of GEMMA_SMALL
+# (Muon matrices 2048 x 256), a 16-step chunk (0.2 s of control at 80 Hz). A step at batch 32 takes
+# ~0.3 s here.
 GEMMA_SIM = GemmaSpec(width=256, depth=3, mlp_dim=2048, num_heads=8, num_kv_heads=1, head_dim=32)
 GEMMA_SIM_EXPERT = GemmaSpec(width=128, depth=3, mlp_dim=512, num_heads=8, num_kv_heads=1, head_dim=32)
-SIGLIP_SIM = SiglipSpec(width=192, depth=2, mlp_dim=768, num_heads=4, patch_size=8, image_size=64)
+SIGLIP_SIM = SiglipSpec(width=192, depth=2, mlp_dim=768, num_heads=4, patch_size=16, image_size=64)
 SIM_CAMERAS: tuple[str, ...] = ("corner2", "topview")  # MetaWorld camera names (vla.sim)
 # Small vocabularies leave room for a built-in tokenizer (< 400 ids) below the OpenVLA action bins.
 SMALL_VOCAB_SIZE = 1024

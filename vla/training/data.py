@@ -37,9 +37,10 @@ def demo_config(cfg: DataConfig) -> Any:
 
 def _generate(cfg: DataConfig, root: Path) -> None:
     if cfg.source == "metaworld":
-        from vla.sim.demos import ensure_sim_dataset
+        from vla.sim.demos import MARKER_PATH, ensure_sim_dataset
 
-        print(f"recording MetaWorld demonstrations into {root} (first use) ...", flush=True)
+        if not (root / MARKER_PATH).is_file():
+            print(f"recording MetaWorld demonstrations into {root} (first use, a few minutes) ...", flush=True)
         ensure_sim_dataset(root, demo_config(cfg))
         return
     s = cfg.synthetic
