@@ -10,7 +10,9 @@ steps at DMuon's best learning rate to show it follows DMuon's loss curve (same 
 doing all the work). The best run of each optimizer (lowest validation loss) is then evaluated in
 closed loop on unseen seeds.
 
-Resumable: a finished run (summary.json with all steps) is reused, an interrupted one resumes from its
+Runs go two at a time by default (--parallel; AdamW lr_i beside DMuon lr_i, one intra-op thread
+each), so the pairs that are compared share the machine alike. Step times for the per-second view are
+each run's median. Resumable: a finished run (summary.json with all steps) is reused, an interrupted one resumes from its
 last checkpoint, an evaluated run keeps its closed_loop_eval.json. Writes to --out:
     runs/<optimizer>_lr<lr>/        each training run (Hydra output_dir)
     study.json                      every number below
@@ -53,6 +55,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--episodes", type=int, default=20, help="closed-loop episodes per task")
     parser.add_argument("--eval-seed", type=int, default=1000)
     parser.add_argument("--replan-every", type=int, default=5)
+    parser.add_argument("--parallel", type=int, default=2, help="runs trained at once (cores shared out)")
     parser.add_argument(
         "--report", action="store_true", help="only collect finished runs and write the report"
     )
@@ -75,13 +78,13 @@ def _summary(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def train(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> Path:
-    """One train.py run (reused when finished, resumed when interrupted); returns its directory."""
+def launch(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> subprocess.Popen | None:
+    """Start one train.py run (resumed when interrupted); None when it finished earlier."""
     run_dir = args.out / "runs" / run_name(optimizer, lr)
     done = _summary(run_dir)
     if done is not None and done["steps"] >= steps and not done.get("stopped_early"):
         print(f"  {run_dir.name}: finished earlier, reused", flush=True)
-        return run_dir
+        return None
     overrides = [
         f"model={args.model}",
         "data=metaworld",
@@ -93,7 +96,7 @@ def train(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> Pa
         f"trainer.val_every={args.val_every}",
         "trainer.val_batches=4",
         f"trainer.checkpoint_every={max(args.val_every, 250)}",
-        "trainer.log_every=5",
+        "trainer.log_every=1",
         "trainer.progress_bar=false",
         "trainer.closed_loop.episodes=0",  # the study evaluates the best runs itself, on more episodes
         f"output_dir={run_dir}",
@@ -105,19 +108,37 @@ def train(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> Pa
         overrides.append("trainer.resume=auto")
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"  {run_dir.name}: training {steps} steps ...", flush=True)
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "a") as log:
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "train.py"), *overrides],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-    if result.returncode != 0:
-        raise SystemExit(f"{run_dir.name} failed (exit {result.returncode}); see {run_dir / 'train.log'}")
-    print(f"  {run_dir.name}: done in {time.perf_counter() - start:.0f} s", flush=True)
-    return run_dir
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    if args.parallel > 1:  # share the cores out: one intra-op thread per run
+        env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.parallel)))
+    log = open(run_dir / "train.log", "a")  # noqa: SIM115 (closed by wait())
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *overrides],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    process.run_dir, process.log, process.started = run_dir, log, time.perf_counter()  # type: ignore[attr-defined]
+    return process
+
+
+def wait(process: subprocess.Popen) -> None:
+    returncode = process.wait()
+    process.log.close()  # type: ignore[attr-defined]
+    run_dir = process.run_dir  # type: ignore[attr-defined]
+    if returncode != 0:
+        raise SystemExit(f"{run_dir.name} failed (exit {returncode}); see {run_dir / 'train.log'}")
+    print(f"  {run_dir.name}: done in {time.perf_counter() - process.started:.0f} s", flush=True)  # type: ignore[attr-defined]
+
+
+def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int]]) -> None:
+    """Run the (optimizer, lr, steps) jobs, `args.parallel` at a time (AdamW and DMuon side by side)."""
+    for first in range(0, len(jobs), args.parallel):
+        started = [launch(args, *job) for job in jobs[first : first + args.parallel]]
+        for process in started:
+            if process is not None:
+                wait(process)
 
 
 def curves(run_dir: Path) -> dict[str, list[float]]:
@@ -141,6 +162,9 @@ def curves(run_dir: Path) -> dict[str, list[float]]:
         "val_loss": [val[s] for s in val_steps],
         "val_seconds": [s * median_step_s for s in val_steps],
         "median_step_s": median_step_s,
+        "median_optimizer_s": statistics.median(r["optimizer_s"] for r in train.values())
+        if train
+        else math.nan,
     }
 
 
@@ -203,12 +227,17 @@ def main() -> int:
     args = parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    plan = [("adamw", lr) for lr in _lrs(args.adamw_lrs)] + [("dmuon", lr) for lr in _lrs(args.dmuon_lrs)]
+    adamw_lrs, dmuon_lrs = _lrs(args.adamw_lrs), _lrs(args.dmuon_lrs)
+    # Interleaved (AdamW lr_i next to DMuon lr_i), so runs that share the machine compare like with like.
+    plan = [(o, lr) for pair in zip(adamw_lrs, dmuon_lrs) for o, lr in zip(("adamw", "dmuon"), pair)]
+    plan += [("adamw", lr) for lr in adamw_lrs[len(dmuon_lrs) :]] + [
+        ("dmuon", lr) for lr in dmuon_lrs[len(adamw_lrs) :]
+    ]
+    if not args.report:
+        train_all(args, [(o, lr, args.steps) for o, lr in plan])
     runs: dict[str, dict[str, Any]] = {}
     for optimizer, lr in plan:
         run_dir = args.out / "runs" / run_name(optimizer, lr)
-        if not args.report:
-            train(args, optimizer, lr, args.steps)
         if (run_dir / "metrics.jsonl").is_file():
             runs[run_dir.name] = {
                 "optimizer": optimizer,
@@ -225,7 +254,7 @@ def main() -> int:
         lr = runs[best["dmuon"]]["lr"]
         muon_dir = args.out / "runs" / run_name("muon", lr)
         if not args.report:
-            train(args, "muon", lr, args.muon_steps)
+            train_all(args, [("muon", lr, args.muon_steps)])
         if (muon_dir / "metrics.jsonl").is_file():
             runs[muon_dir.name] = {
                 "optimizer": "muon",
@@ -280,14 +309,19 @@ def main() -> int:
 
 
 def print_table(study: dict[str, Any]) -> None:
-    print(f"\n{'run':<22} {'best val loss':>14} {'at step':>8} {'median step s':>14}")
+    print(f"\n{'run':<22} {'best val loss':>14} {'at step':>8} {'median step s':>14} {'optimizer s':>12}")
     for name, run in study["runs"].items():
         c = run["curve"]
         if c["val_loss"]:
             i = c["val_loss"].index(min(c["val_loss"]))
-            print(f"{name:<22} {c['val_loss'][i]:>14.4f} {c['val_steps'][i]:>8} {c['median_step_s']:>14.3f}")
+            print(
+                f"{name:<22} {c['val_loss'][i]:>14.4f} {c['val_steps'][i]:>8} {c['median_step_s']:>14.3f} "
+                f"{c['median_optimizer_s']:>12.4f}"
+            )
         else:
-            print(f"{name:<22} {'-':>14} {'-':>8} {c['median_step_s']:>14.3f}")
+            print(
+                f"{name:<22} {'-':>14} {'-':>8} {c['median_step_s']:>14.3f} {c['median_optimizer_s']:>12.4f}"
+            )
     if "comparison" in study:
         c = study["comparison"]
         print(

@@ -18,7 +18,7 @@ import study_optimizers  # noqa: E402
 
 def test_steps_to_reach_and_curves(tmp_path) -> None:
     records = [
-        {"step": s, "split": "train", "loss": 1.0 / (s + 1), "step_s": t}
+        {"step": s, "split": "train", "loss": 1.0 / (s + 1), "step_s": t, "optimizer_s": t / 10}
         for s, t in enumerate([9.0, 1.0, 1.0, 3.0])
     ]
     records += [{"step": 1, "split": "val", "loss": 0.5}, {"step": 3, "split": "val", "loss": 0.2}]
@@ -27,6 +27,7 @@ def test_steps_to_reach_and_curves(tmp_path) -> None:
     curve = study_optimizers.curves(tmp_path)
     assert curve["val_steps"] == [2, 4] and curve["val_loss"] == [0.5, 0.25]
     assert curve["median_step_s"] == 2.0 and curve["val_seconds"] == [4.0, 8.0]
+    assert curve["median_optimizer_s"] == pytest.approx(0.2)
     assert study_optimizers.steps_to_reach(curve, 0.3) == 4
     assert study_optimizers.steps_to_reach(curve, 0.5) == 2
     assert study_optimizers.steps_to_reach(curve, 0.1) is None
