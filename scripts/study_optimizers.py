@@ -173,26 +173,45 @@ def steps_to_reach(curve: dict[str, list[float]], target: float) -> int | None:
     return next((s for s, v in zip(curve["val_steps"], curve["val_loss"]) if v <= target), None)
 
 
-def closed_loop(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    """Closed-loop report of a run's export (cached in closed_loop_eval.json)."""
-    path = run_dir / "closed_loop_eval.json"
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if cached["seed"] == args.eval_seed and cached["tasks"][0]["episodes"] == args.episodes:
-            return cached
-    command = [
-        sys.executable,
-        str(ROOT / "scripts" / "eval_sim.py"),
-        str(run_dir),
-        f"--episodes={args.episodes}",
-        f"--seed={args.eval_seed}",
-        f"--replan-every={args.replan_every}",
-        f"--json={path}",
-        "--videos=1",
-    ]
-    print(f"  {run_dir.name}: closed-loop evaluation ...", flush=True)
-    subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return json.loads(path.read_text())
+def _cached_evaluation(args: argparse.Namespace, path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    cached = json.loads(path.read_text())
+    same = cached["seed"] == args.eval_seed and cached["tasks"][0]["episodes"] == args.episodes
+    return cached if same and cached["settings"]["replan_every"] == args.replan_every else None
+
+
+def closed_loop(args: argparse.Namespace, run_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Closed-loop reports of the runs' exports, evaluated side by side (cached in closed_loop_eval.json)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    pending = {
+        k: d for k, d in run_dirs.items() if _cached_evaluation(args, d / "closed_loop_eval.json") is None
+    }
+    if len(pending) > 1:
+        env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // len(pending))))
+    processes = []
+    for run_dir in pending.values():
+        command = [
+            sys.executable,
+            str(ROOT / "scripts" / "eval_sim.py"),
+            str(run_dir),
+            f"--episodes={args.episodes}",
+            f"--seed={args.eval_seed}",
+            f"--replan-every={args.replan_every}",
+            f"--json={run_dir / 'closed_loop_eval.json'}",
+            "--videos=1",
+        ]
+        print(f"  {run_dir.name}: closed-loop evaluation ...", flush=True)
+        log = open(run_dir / "eval.log", "w")  # noqa: SIM115 (closed below)
+        processes.append(
+            (run_dir, log, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+        )
+    for run_dir, log, process in processes:
+        returncode = process.wait()
+        log.close()
+        if returncode != 0:
+            raise SystemExit(f"closed-loop evaluation of {run_dir.name} failed; see {run_dir / 'eval.log'}")
+    return {k: json.loads((d / "closed_loop_eval.json").read_text()) for k, d in run_dirs.items()}
 
 
 def plot_curves(runs: dict[str, dict[str, Any]], best: dict[str, str], path: Path, model: str) -> None:
@@ -287,7 +306,7 @@ def main() -> int:
         }
     evaluated = all((Path(runs[n]["dir"]) / "closed_loop_eval.json").is_file() for n in best.values())
     if best and (not args.report or evaluated):
-        evaluations = {k: closed_loop(args, Path(runs[n]["dir"])) for k, n in best.items()}
+        evaluations = closed_loop(args, {k: Path(runs[n]["dir"]) for k, n in best.items()})
         study["closed_loop"] = evaluations
         from vla.eval.closed_loop import ClosedLoopReport, ClosedLoopSettings, TaskReport, plot_success
 
