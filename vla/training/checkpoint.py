@@ -392,9 +392,7 @@ class CheckpointManager:
         if not self.root.is_dir():
             return None
         candidates = sorted(
-            (int(m.group(1)), p)
-            for p in self.root.iterdir()
-            if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+            (int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
         )
         for _, path in reversed(candidates):
             try:
@@ -449,7 +447,9 @@ class CheckpointManager:
                 raise damaged(file, "is missing")
             actual = file.stat().st_size
             if actual != size:
-                raise damaged(file, f"has {actual} bytes, the manifest records {size} (truncated or replaced)")
+                raise damaged(
+                    file, f"has {actual} bytes, the manifest records {size} (truncated or replaced)"
+                )
         metadata_path = path / MODEL_OPTIM_DIR / ".metadata"
         if not metadata_path.is_file():
             raise damaged(metadata_path, "is missing (not a complete checkpoint)")
@@ -641,9 +641,7 @@ class CheckpointManager:
 
     def _publish(self, tmp: Path, final: Path, step: int, manifest: Mapping[str, Any]) -> None:
         # Every file with its size: `verify` finds a missing or truncated shard without reading it.
-        files = {
-            str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()
-        }
+        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
         manifest = {**manifest, "files": files}
         _write_durably(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
         _fsync_dir(tmp)
