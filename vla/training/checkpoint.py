@@ -375,13 +375,16 @@ class CheckpointManager:
         candidate = Path(text).expanduser()
         if not candidate.exists() and not candidate.is_absolute() and (self.root / candidate).exists():
             candidate = self.root / candidate
-        self._require_complete(candidate, f"trainer.resume={text!r}")
+        if not candidate.is_dir():
+            self._require_complete(candidate, f"trainer.resume={text!r}")  # raises, naming the path
         try:
             self.verify(candidate)
         except DamagedCheckpointError as exc:
+            available = [str(p) for p in self.checkpoints() if p != candidate]
+            listing = ", ".join(available) if available else f"none under {self.root}"
             raise DamagedCheckpointError(
-                f"trainer.resume={text!r}: {exc}. Resume from another checkpoint (trainer.resume=auto "
-                "takes the newest intact one) or delete this one",
+                f"trainer.resume={text!r}: {exc}. Other checkpoints: {listing}. Resume from another one "
+                "(trainer.resume=auto takes the newest intact one), or none to start fresh",
                 exc.path,
                 exc.file,
             ) from exc
