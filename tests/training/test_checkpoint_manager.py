@@ -258,7 +258,9 @@ def test_resolve(tmp_path: Path) -> None:
     for step in (5, 10):
         manager.save(step, model, opt)
     (manager.root / "step_00000020").mkdir()  # not written by a save: no manifest
-    assert manager.resolve("auto") == manager.path_for(10)
+    with pytest.warns(UserWarning, match=r"resume=auto skips step_00000020: .*manifest.json is missing"):
+        assert manager.resolve("auto") == manager.path_for(10)
+    assert [p.name for p, _ in manager.skipped] == ["step_00000020"]
     assert manager.resolve("step_00000005") == manager.path_for(5)  # relative to root
     assert manager.resolve(str(manager.path_for(5))) == manager.path_for(5)
     with pytest.raises(FileNotFoundError) as info:

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from vla.data.errors import DatasetTooSmallError
 from vla.data.metadata import DatasetMetadata
 from vla.data.reader import LeRobotDataset
 
@@ -23,6 +24,11 @@ def split_episodes(
     pool = list(range(episodes)) if isinstance(episodes, int) else sorted({int(e) for e in episodes})
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if not pool:
+        raise DatasetTooSmallError(
+            "there are no episodes to train on: the dataset holds none, or data.episodes selects none; "
+            "point data.root at a dataset with episodes or fix data.episodes"
+        )
     num_val = 0 if val_fraction == 0 else max(min_val_episodes, round(len(pool) * val_fraction))
     if num_val >= len(pool):
         raise ValueError(

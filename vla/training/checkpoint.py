@@ -69,6 +69,8 @@ from torch.optim import Optimizer
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
+    "DamagedCheckpointError",
+    "NonFiniteWeightsError",
     "export_safetensors",
     "load_safetensors_into",
     "read_safetensors_metadata",
@@ -90,6 +92,44 @@ _TRASH_PREFIX = ".trash_step_"
 
 class CheckpointError(RuntimeError):
     """A collective checkpoint operation failed on at least one rank; raised on every rank alike."""
+
+
+class DamagedCheckpointError(FileNotFoundError):
+    """A checkpoint directory is incomplete or one of its files is missing, truncated or unreadable.
+
+    `path` is the checkpoint directory, `file` the first damaged file in it (or the directory itself).
+    """
+
+    def __init__(self, message: str, path: Path, file: Path) -> None:
+        super().__init__(message)
+        self.path = path
+        self.file = file
+
+
+class NonFiniteWeightsError(ValueError):
+    """A tensor about to be saved (checkpoint or export) holds NaN or inf."""
+
+
+def check_finite_tensors(tensors: Mapping[str, Any], what: str, prefix: str = "") -> None:
+    """Raise NonFiniteWeightsError naming the first floating tensor (local shard) with NaN/inf.
+
+    Nested mappings are walked (`ema.shadow.<name>`); non-tensor values are ignored.
+    """
+    for name, value in tensors.items():
+        key = f"{prefix}{name}"
+        if isinstance(value, Mapping):
+            check_finite_tensors(value, what, f"{key}.")
+            continue
+        if not isinstance(value, Tensor) or not value.is_floating_point():
+            continue
+        local = value.to_local() if hasattr(value, "to_local") else value
+        if local.numel() and not bool(torch.isfinite(local).all()):
+            bad = int((~torch.isfinite(local)).sum())
+            raise NonFiniteWeightsError(
+                f"{what}: {key} holds {bad} non-finite value(s) (NaN/inf) of {local.numel()}; refusing to "
+                "write it. The training diverged or a setting is non-finite: resume from an earlier "
+                "checkpoint with a lower optim.lr / trainer.clip_grad_norm, or check the data"
+            )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -282,6 +322,7 @@ class CheckpointManager:
             )
         self.root = Path(root)
         self.keep_last = keep_last
+        self.skipped: list[tuple[Path, str]] = []  # damaged checkpoints the last resolve("auto") passed over
 
     def __repr__(self) -> str:
         return f"CheckpointManager(root={str(self.root)!r}, keep_last={self.keep_last})"
@@ -313,25 +354,140 @@ class CheckpointManager:
         return self._require_complete(Path(path), f"checkpoint {str(path)!r}")
 
     def resolve(self, resume: str | Path | None) -> Path | None:
-        """Turn the `trainer.resume` setting into a checkpoint path.
+        """Turn the `trainer.resume` setting into a verified checkpoint path (see `verify`).
 
-        "auto": the latest complete checkpoint, or None when there is none (a fresh start);
+        "auto": the newest intact checkpoint, or None when root holds no checkpoint at all (a fresh
+        start). Damaged ones (a missing or truncated shard, .metadata, trainer.pt, RNG file or
+        manifest) are skipped; `self.skipped` lists them as (path, reason) and a warning names each.
+        If every checkpoint is damaged, DamagedCheckpointError (never a silent fresh start over them).
         None, "", "none": None; anything else: a checkpoint directory, as given or relative to root.
         A path that is not a complete checkpoint raises FileNotFoundError naming it and listing the
-        available checkpoints.
+        available checkpoints; a damaged one raises DamagedCheckpointError naming the damaged file.
         """
+        self.skipped: list[tuple[Path, str]] = []
         if resume is None:
             return None
         text = str(resume).strip()
         if text.lower() in ("", "none", "null", "false"):
             return None
         if text.lower() == "auto":
-            return self.latest()
+            return self._newest_intact()
         candidate = Path(text).expanduser()
         if not candidate.exists() and not candidate.is_absolute() and (self.root / candidate).exists():
             candidate = self.root / candidate
-        self._require_complete(candidate, f"trainer.resume={text!r}")
+        if not candidate.is_dir():
+            self._require_complete(candidate, f"trainer.resume={text!r}")  # raises, naming the path
+        try:
+            self.verify(candidate)
+        except DamagedCheckpointError as exc:
+            available = [str(p) for p in self.checkpoints() if p != candidate]
+            listing = ", ".join(available) if available else f"none under {self.root}"
+            raise DamagedCheckpointError(
+                f"trainer.resume={text!r}: {exc}. Other checkpoints: {listing}. Resume from another one "
+                "(trainer.resume=auto takes the newest intact one), or none to start fresh",
+                exc.path,
+                exc.file,
+            ) from exc
         return candidate
+
+    def _newest_intact(self) -> Path | None:
+        """The newest checkpoint that passes `verify`, skipping (and warning about) damaged ones."""
+        if not self.root.is_dir():
+            return None
+        candidates = sorted(
+            (int(m.group(1)), p) for p in self.root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+        )
+        for _, path in reversed(candidates):
+            try:
+                self.verify(path)
+            except DamagedCheckpointError as exc:
+                self.skipped.append((path, str(exc)))
+                warnings.warn(f"resume=auto skips {path.name}: {exc}", stacklevel=3)
+                continue
+            return path
+        if candidates:
+            detail = "; ".join(f"{p.name}: {reason}" for p, reason in self.skipped)
+            raise DamagedCheckpointError(
+                f"trainer.resume=auto: every checkpoint under {self.root} is damaged ({detail}). Starting "
+                "fresh would overwrite this run: delete the damaged checkpoints (or the whole "
+                "checkpoints/ directory) to start over, or use a new output_dir",
+                self.root,
+                self.root,
+            )
+        return None
+
+    def verify(self, path: Path | str) -> dict[str, Any]:
+        """Check that every file of the checkpoint at `path` is present and readable; return its manifest.
+
+        Checked: manifest.json (valid, ours), every file it lists with its recorded size, the DCP
+        .metadata (unpickles) and every .distcp shard it references (present, long enough for every
+        entry), trainer.pt (loads, has the scheduler and trainer state) and the RNG file of every saved
+        rank (loads). Raises DamagedCheckpointError naming the first damaged file and what is wrong.
+        Reads the small files; the shards are checked by size only.
+        """
+        path = Path(path)
+
+        def damaged(file: Path, problem: str) -> DamagedCheckpointError:
+            return DamagedCheckpointError(f"checkpoint {path} is damaged: {file} {problem}", path, file)
+
+        if not path.is_dir():
+            raise damaged(path, "is not a directory")
+        manifest_path = path / MANIFEST
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except FileNotFoundError:
+            raise damaged(manifest_path, "is missing (not a complete checkpoint)") from None
+        except (OSError, ValueError) as exc:
+            raise damaged(manifest_path, f"cannot be read ({_describe(exc)}): truncated or garbled") from exc
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise damaged(manifest_path, f"is not a {FORMAT} manifest (not a complete checkpoint)")
+        for key in ("step", "world_size", "optimizer", "scheduler"):
+            if key not in manifest:
+                raise damaged(manifest_path, f"has no {key!r} entry (garbled)")
+        for relative, size in (manifest.get("files") or {}).items():
+            file = path / relative
+            if not file.is_file():
+                raise damaged(file, "is missing")
+            actual = file.stat().st_size
+            if actual != size:
+                raise damaged(
+                    file, f"has {actual} bytes, the manifest records {size} (truncated or replaced)"
+                )
+        metadata_path = path / MODEL_OPTIM_DIR / ".metadata"
+        if not metadata_path.is_file():
+            raise damaged(metadata_path, "is missing (not a complete checkpoint)")
+        try:
+            metadata = dcp.FileSystemReader(str(path / MODEL_OPTIM_DIR)).read_metadata()
+        except Exception as exc:  # a truncated pickle raises anything from EOFError to UnpicklingError
+            raise damaged(metadata_path, f"cannot be read ({_describe(exc)})") from exc
+        needed: dict[str, int] = {}
+        for info in (getattr(metadata, "storage_data", None) or {}).values():
+            end = int(info.offset) + int(info.length)
+            needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
+        for relative, end in sorted(needed.items()):
+            shard = path / MODEL_OPTIM_DIR / relative
+            if not shard.is_file():
+                raise damaged(shard, "is missing (listed in model_optim/.metadata)")
+            if shard.stat().st_size < end:
+                raise damaged(shard, f"has {shard.stat().st_size} bytes, .metadata needs {end} (truncated)")
+        trainer_path = path / TRAINER_FILE
+        try:
+            payload = torch.load(trainer_path, map_location="cpu", weights_only=False)
+        except FileNotFoundError:
+            raise damaged(trainer_path, "is missing") from None
+        except Exception as exc:
+            raise damaged(trainer_path, f"cannot be loaded ({_describe(exc)})") from exc
+        if not isinstance(payload, dict) or not {"scheduler", "trainer_state"} <= set(payload):
+            raise damaged(trainer_path, "does not hold the scheduler and trainer state (garbled)")
+        for rank in range(int(manifest["world_size"])):
+            rng_path = path / RNG_DIR / f"rank_{rank:05d}.pt"
+            try:
+                torch.load(rng_path, map_location="cpu", weights_only=True)
+            except FileNotFoundError:
+                raise damaged(rng_path, "is missing") from None
+            except Exception as exc:
+                raise damaged(rng_path, f"cannot be loaded ({_describe(exc)})") from exc
+        return manifest
 
     def _require_complete(self, path: Path, label: str) -> dict[str, Any]:
         manifest = _read_manifest(path) if path.is_dir() else None
@@ -449,6 +605,10 @@ class CheckpointManager:
             state = _state_for(model, optimizer if has_state else None)
             if extra_state:
                 state["extra"] = dict(extra_state)
+            # Never publish a checkpoint that holds NaN/inf weights (a resume would continue from it).
+            check_finite_tensors(state["model"], f"saving step {step}")
+            if extra_state:
+                check_finite_tensors(state["extra"], f"saving step {step}", "extra.")
         # The flag is compared across ranks: a mix would save optimizer shards on some ranks only.
         _agree(_first(failed), f"saving step {step}: collecting the state dict", value=has_state)
 
@@ -483,6 +643,9 @@ class CheckpointManager:
         return manifest
 
     def _publish(self, tmp: Path, final: Path, step: int, manifest: Mapping[str, Any]) -> None:
+        # Every file with its size: `verify` finds a missing or truncated shard without reading it.
+        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
+        manifest = {**manifest, "files": files}
         _write_durably(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
         _fsync_dir(tmp)
         newer = [p for p in self.checkpoints() if int(_STEP_DIR.match(p.name).group(1)) > step]
@@ -566,7 +729,8 @@ class CheckpointManager:
         failed: list[BaseException] = []
         manifest: dict[str, Any] = {}
         with _capture(failed):
-            manifest = self._require_complete(path, f"loading checkpoint {str(path)!r}")
+            self._require_complete(path, f"loading checkpoint {str(path)!r}")
+            manifest = self.verify(path)
             if optimizer is not None:
                 optimizer = _unwrap_optimizer(optimizer)
                 _check_optimizer_matches(model, optimizer)
@@ -715,6 +879,7 @@ def export_safetensors(
 
     if rank == 0:
         with _capture(failed):
+            check_finite_tensors(full, f"exporting {path}")
             _write_safetensors(full, path, header)
     del full
     _agree(_first(failed), f"exporting {path}: writing the file")

@@ -8,7 +8,9 @@ process, a batch that does not split over the ranks, ...). Every error names the
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +30,38 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{key}={value!r} is not one of {list(choices)}{fix}")
 
 
+def _finite(key: str, value: Any) -> None:
+    """NaN/inf in a float setting fails here: comparisons with NaN are all False, so range checks
+    alone let it through (and a NaN clip norm or lr silently turns the weights into NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key} must be a finite number, got {value}; set {key} to a finite value")
+
+
+def check_finite_fields(obj: Any, prefix: str) -> None:
+    """Every float (also inside tuples, lists and dicts) of a config dataclass, recursively, is finite.
+
+    Raises ValueError naming the full key (e.g. `optim.betas[1]`, `trainer.closed_loop.seed`).
+    """
+
+    def visit(key: str, value: Any) -> None:
+        if isinstance(value, float):
+            _finite(key, value)
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            for f in dataclasses.fields(value):
+                visit(f"{key}.{f.name}", getattr(value, f.name))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                visit(f"{key}[{k!r}]", v)
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                visit(f"{key}[{i}]", v)
+
+    for f in dataclasses.fields(obj):
+        visit(f"{prefix}{f.name}", getattr(obj, f.name))
+
+
 def _positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+    _finite(key, value)
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
@@ -52,6 +85,7 @@ class ModelConfig:
     weights_format: str = "lerobot_pi0"
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "model.")
         _choice("model.weights_format", self.weights_format, ("lerobot_pi0", "paligemma"))
 
     def policy_overrides(self) -> dict[str, Any]:
@@ -102,11 +136,16 @@ class OptimConfig:
     routing_rules: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "optim.")
         _choice("optim.name", self.name, OPTIMIZERS)
         _positive("optim.lr", self.lr, allow_zero=True)
         _positive("optim.adamw_lr", self.adamw_lr, allow_zero=True)
         _positive("optim.weight_decay", self.weight_decay, allow_zero=True)
         _positive("optim.adamw_weight_decay", self.adamw_weight_decay, allow_zero=True)
+        _positive("optim.eps", self.eps)
+        _positive("optim.bucket_mb", self.bucket_mb)
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
         _choice("optim.planner", self.planner, ("lpt", "milp"))
         _choice("optim.cost_model", self.cost_model, ("flops", "calibrated"))
         _choice("optim.ns_algorithm", self.ns_algorithm, ("standard", "gram", "auto"))
@@ -130,6 +169,7 @@ class SyntheticDataConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.synthetic.")
         _choice("data.synthetic.codec", self.codec, ("av1", "h264"))
         _positive("data.synthetic.episodes", self.episodes)
         _positive("data.synthetic.episode_length", self.episode_length)
@@ -159,6 +199,7 @@ class MetaWorldDataConfig:
     codec: str = "av1"
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.metaworld.")
         _choice("data.metaworld.codec", self.codec, ("av1", "h264"))
         _positive("data.metaworld.episodes", self.episodes)
         _positive("data.metaworld.resolution", self.resolution)
@@ -199,6 +240,7 @@ class DataConfig:
     metaworld: MetaWorldDataConfig = field(default_factory=MetaWorldDataConfig)
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.")
         _choice("data.source", self.source, DATA_SOURCES)
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
@@ -228,6 +270,7 @@ class ClosedLoopConfig:
     videos: int = 0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "trainer.closed_loop.")
         for key in ("episodes", "every", "seed", "videos"):
             _positive(f"trainer.closed_loop.{key}", getattr(self, key), allow_zero=True)
         for key in ("replan_every", "max_episode_steps", "parallel_envs"):
@@ -236,7 +279,12 @@ class ClosedLoopConfig:
 
 @dataclass
 class TrainerConfig:
-    """The fit loop. batch_size is global (split over ranks), per optimizer step."""
+    """The fit loop. batch_size is global (split over ranks), per optimizer step.
+
+    stop_grace_s: after SIGINT/SIGTERM inside a training step, how long to wait for the step to end
+        (then a checkpoint is saved and the run stops); past it, or outside a step (building data,
+        validation, evaluation), the run stops at once without saving (see vla.training.guards).
+    """
 
     steps: int = 100
     batch_size: int = 8
@@ -260,12 +308,14 @@ class TrainerConfig:
     nan_policy: str = "stop"
     max_skipped_steps: int = 0
     save_on_interrupt: bool = True
+    stop_grace_s: float = 120.0
     progress_bar: bool = True
     tensorboard: bool = True
     wandb: bool = False
     wandb_project: str = "vla"
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "trainer.")
         for key in (
             "steps",
             "batch_size",
@@ -279,6 +329,7 @@ class TrainerConfig:
         _positive("trainer.warmup_steps", self.warmup_steps, allow_zero=True)
         _positive("trainer.val_batches", self.val_batches, allow_zero=True)
         _positive("trainer.max_skipped_steps", self.max_skipped_steps, allow_zero=True)
+        _positive("trainer.stop_grace_s", self.stop_grace_s)
         _choice("trainer.schedule", self.schedule, SCHEDULES)
         _choice("trainer.precision", self.precision, PRECISIONS)
         _choice("trainer.nan_policy", self.nan_policy, NAN_POLICIES)
@@ -305,6 +356,7 @@ class ParallelConfig:
     timeout_s: int = 600
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "parallel.")
         _choice("parallel.mode", self.mode, PARALLEL_MODES)
         _positive("parallel.timeout_s", self.timeout_s)
 
@@ -324,6 +376,7 @@ class TrainConfig:
 
 def validate(cfg: TrainConfig, world_size: int) -> None:
     """Checks that span groups; raise ValueError naming the keys and the fix."""
+    check_finite_fields(cfg, "")  # again: a config may have been changed after construction
     parallel = cfg.parallel.mode
     if parallel in ("ddp", "fsdp2") and world_size < 2:
         raise ValueError(

@@ -3,8 +3,11 @@
 Per step it logs loss, lr, grad norm, samples/s and the time split into data, forward+backward and
 optimizer step (with the optimizer's exposed communication where dmuon reports it). Non-finite
 losses stop the run (or skip up to trainer.max_skipped_steps steps first) before anything is saved.
-SIGINT / SIGTERM finish the current step, then save a checkpoint (trainer.save_on_interrupt) and
-stop; a second Ctrl-C aborts at once.
+SIGINT / SIGTERM inside a step finish it, then save a checkpoint (trainer.save_on_interrupt) and
+stop; outside a step, on a second signal or past trainer.stop_grace_s they stop at once
+(vla.training.guards). NaN/inf validation or open-loop metrics stop the run with an error. fit()
+holds output_dir's run lock (vla.training.runlock); resuming checks the config and dataset against
+the checkpoint's (vla.training.resume).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import contextlib
 import json
 import math
 import os
-import signal
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,9 +29,18 @@ from dmuon.layout import local_tensor
 from vla.training.config import TrainConfig, validate
 from vla.training.data import build_data
 from vla.training.ema import EMA
+from vla.training.guards import (
+    StopSignals,
+    check_finite_metrics,
+    check_output_dir,
+    outside_step,
+    start_launcher_watchdog,
+)
 from vla.training.noise import flow_matching_inputs
 from vla.training.optim import build_optimizer, build_scheduler
 from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
+from vla.training.resume import check_resume, dataset_fingerprint, flatten, truncate_metrics
+from vla.training.runlock import acquire_run_lock
 from vla.training.tracking import Tracker
 
 
@@ -67,29 +78,8 @@ class Summary:
     layout: dict[str, Any] = field(default_factory=dict)
     open_loop: dict[str, Any] | None = None
     closed_loop: dict[str, Any] | None = None
-
-
-class _StopFlag:
-    """Set by SIGINT/SIGTERM; checked (and agreed on by all ranks) at step boundaries."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        if self.requested and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # second Ctrl-C: abort now
-        self.requested = True
-
-    def __enter__(self) -> _StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not the main thread
-                self._previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+    skipped_steps: int = 0  # steps skipped under trainer.nan_policy=skip
+    status: str = "finished"  # or "stopped" (SIGINT/SIGTERM; train.py exits 130)
 
 
 def _all_ranks_agree(flag: bool, device: torch.device) -> bool:
@@ -150,6 +140,7 @@ class Trainer:
         self.device = acc.device
         validate(cfg, self.world)
         self.output_dir = _shared_output_dir(cfg.output_dir, self.device)
+        check_output_dir(self.output_dir)
         self.is_main = acc.is_main_process
         self.micro_batch = trainer.batch_size // (self.world * trainer.grad_accum)
         self.data = build_data(
@@ -180,6 +171,8 @@ class Trainer:
         )
         self.step = 0
         self.skipped = 0
+        self.stop_signals: StopSignals | None = None
+        self._dataset_fingerprint = dataset_fingerprint(self.data.meta.root)
 
     # ------------------------------------------------------------------ persistence
     def _write_run_files(self) -> None:
@@ -199,6 +192,8 @@ class Trainer:
             "skipped": self.skipped,
             "loader": self.data.train.state_dict(),
             "global_batch": self.cfg.trainer.batch_size,
+            "config": flatten(self.cfg),  # compared on resume (vla.training.resume)
+            "dataset": self._dataset_fingerprint,
         }
 
     def save_checkpoint(self) -> Path:
@@ -217,10 +212,18 @@ class Trainer:
         if path is None:
             return None
         extra = {"ema": self.ema.state_dict()} if self.ema else None
+        for skipped, reason in self.checkpoints.skipped:
+            self.tracker.print(f"resume=auto skipped {skipped.name}: {reason}")
         state = self.checkpoints.load(
             path, unwrap(self.model), _inner(self.optimizer), scheduler=self.scheduler, extra_state=extra
         )
+        for note in check_resume(self.cfg, state, path, self.output_dir, self.data.meta.root):
+            self.tracker.print(note)
         self.step = int(state["step"])
+        if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step)):
+            self.tracker.print(
+                f"metrics.jsonl: dropped {dropped} record(s) of steps after {self.step} (re-run now)"
+            )
         self.skipped = int(state.get("skipped", 0))
         loader_state = dict(state["loader"])
         if loader_state.get("world_size") != self.world:
@@ -281,6 +284,7 @@ class Trainer:
             norm = norm.full_tensor()
         return float(norm)
 
+    @outside_step("validation")
     @torch.no_grad()
     def validate(self) -> float | None:
         loader = self.data.val
@@ -300,6 +304,7 @@ class Trainer:
         self.model.train()
         return _mean_over_ranks([statistics.fmean(losses)], self.device)[0] if losses else None
 
+    @outside_step("the open-loop evaluation")
     @torch.no_grad()
     def evaluate_open_loop(self) -> dict[str, Any] | None:
         """Sampled chunks vs recorded actions on held-out episodes, in dataset units (vla.eval)."""
@@ -335,6 +340,7 @@ class Trainer:
                 dist.all_reduce(value)  # sums over every rank's held-out samples
         return asdict(report_from_sums(sums))
 
+    @outside_step("the closed-loop evaluation")
     @torch.no_grad()
     def evaluate_closed_loop(self, *, final: bool) -> dict[str, Any] | None:
         """MetaWorld success per task (trainer.closed_loop), logged as eval/success/<task>; see
@@ -366,21 +372,31 @@ class Trainer:
         return report
 
     def fit(self) -> Summary:
+        """Train; holds output_dir's run lock and the stop-signal handlers until it returns or raises."""
+        with StopSignals(self.cfg.trainer.stop_grace_s) as self.stop_signals:
+            lock = acquire_run_lock(self.output_dir, is_main=self.is_main)
+            try:
+                return self._fit()
+            finally:
+                if lock is not None:
+                    lock.release()
+
+    def _fit(self) -> Summary:
         cfg = self.cfg.trainer
-        self._write_run_files()
         self.tracker.print(
             f"run {self.cfg.run_name}: {self.cfg.model.preset} with {self.cfg.optim.name} on {self.world} "
             f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
         )
         self.tracker.print(self.routing)
         self.maybe_resume()
+        self._write_run_files()  # after the resume checks: a refused resume leaves config.yaml as it was
         iterator = self.data.train.forever()
         history: list[StepTimes] = []
         last_loss: float | None = None
         val_loss: float | None = None
         stopped: str | None = None
         self.model.train()
-        with _StopFlag() as stop:
+        with self.stop_signals.training_steps() as stop:
             while self.step < cfg.steps:
                 _crash_for_tests(self.step, self.rank)
                 times = StepTimes()
@@ -439,7 +455,9 @@ class Trainer:
                     path = self.save_checkpoint()
                     self.tracker.print(f"checkpoint {path}")
                     _exit_for_tests(self.step)
+                self._stop_on_non_finite_validation(val_loss)
                 if _all_ranks_agree(stop.requested, self.device):
+                    stop.at_boundary()
                     stopped = f"interrupted at step {self.step}"
                     if cfg.save_on_interrupt and self.step % cfg.checkpoint_every != 0:
                         path = self.save_checkpoint()
@@ -449,10 +467,15 @@ class Trainer:
         if cfg.open_loop_eval and stopped is None:
             open_loop = self.evaluate_open_loop()
             if open_loop is not None:
-                self.tracker.log(
-                    self.step - 1,
-                    {k: v for k, v in open_loop.items() if not isinstance(v, list)},
-                    prefix="eval",
+                scalars = {k: v for k, v in open_loop.items() if not isinstance(v, list)}
+                self.tracker.log(self.step - 1, scalars, prefix="eval")
+                check_finite_metrics(
+                    {f"open-loop {k}": v for k, v in scalars.items()},
+                    step=self.step,
+                    hint="Sampled or recorded actions of the validation episodes are not finite: check those "
+                    "episodes (data.val_fraction split of data.root) for NaN/inf state or action, or set "
+                    "trainer.open_loop_eval=false. No policy was exported; the checkpoint of the last step "
+                    "holds finite weights",
                 )
         export = None
         if cfg.export_safetensors and stopped is None:
@@ -466,6 +489,22 @@ class Trainer:
         summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop, closed_loop)
         self.tracker.close()
         return summary
+
+    def _stop_on_non_finite_validation(self, val_loss: float | None) -> None:
+        """A NaN/inf validation loss ends the run with an error, after saving this step's (finite) weights."""
+        if val_loss is None or math.isfinite(val_loss):
+            return
+        cfg = self.cfg.trainer
+        if self.step % cfg.checkpoint_every != 0 and self.step != cfg.steps:
+            self.save_checkpoint()
+        check_finite_metrics(
+            {"validation loss": val_loss},
+            step=self.step,
+            hint="The training loss is finite, so the validation episodes (the data.val_fraction split of "
+            "data.root) probably hold NaN/inf state or action: fix them, or set trainer.val_batches=0 "
+            f"to train without validation. The weights of step {self.step} are finite and saved: resume "
+            "with trainer.resume=auto",
+        )
 
     def _handle_non_finite(self, loss: float, grad_norm: float) -> bool:
         """Skip this step (True: keep training) or raise, naming the step and the metric."""
@@ -517,6 +556,8 @@ class Trainer:
             layout=parameter_layout(self.model),
             open_loop=open_loop,
             closed_loop=closed_loop,
+            skipped_steps=self.skipped,
+            status="stopped" if stopped else "finished",
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -542,7 +583,9 @@ def format_summary(summary: Summary) -> str:
     m = summary.median_step_s
     lines = [
         "",
-        f"done: {summary.steps} steps" + (f" ({summary.stopped_early})" if summary.stopped_early else ""),
+        f"done: {summary.steps} steps"
+        + (f" ({summary.stopped_early})" if summary.stopped_early else "")
+        + (f", {summary.skipped_steps} skipped (non-finite)" if summary.skipped_steps else ""),
         f"  final train loss  {summary.final_loss:.4f}"
         if summary.final_loss is not None
         else "  final train loss  -",
@@ -614,9 +657,15 @@ def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
 
 
 def run(cfg: TrainConfig) -> Summary:
-    """Build and fit (the body of train.py); the process group is torn down however the run ends."""
+    """Build and fit (the body of train.py); the process group is torn down however the run ends.
+
+    Under torchrun a watchdog ends the worker if the launcher dies; SIGINT/SIGTERM while building
+    stop at once (guards.StopRequested, exit code 130 in train.py).
+    """
+    start_launcher_watchdog()
     try:
-        return Trainer(cfg).fit()
+        with StopSignals(cfg.trainer.stop_grace_s):
+            return Trainer(cfg).fit()
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -1,0 +1,158 @@
+"""Checkpoint corruption at every file of a checkpoint, and NaN weights that must never be written.
+
+Each file of a saved checkpoint (every .distcp shard, .metadata, trainer.pt, the RNG file, the
+manifest) is deleted, truncated or garbled in turn: `resolve("auto")` skips the damaged checkpoint,
+names it and the file, and falls back to the previous intact one; an explicit path to it fails with
+DamagedCheckpointError naming the file; `load` of the fallback restores the right step (issue 10
+items 2, 5).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from vla.training.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    DamagedCheckpointError,
+    export_safetensors,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _model_and_optimizer() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> None:
+    gen = torch.Generator().manual_seed(step)
+    x, y = torch.randn(8, 4, generator=gen), torch.randn(8, 3, generator=gen)
+    opt.zero_grad(set_to_none=True)
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A root with two intact checkpoints (steps 1 and 2)."""
+    root = tmp_path_factory.mktemp("ckpt") / "checkpoints"
+    manager = CheckpointManager(root, keep_last=None)
+    model, opt = _model_and_optimizer()
+    for step in (1, 2):
+        _train_step(model, opt, step)
+        manager.save(step, model, opt, trainer_state={"step": step, "marker": f"step {step}"})
+    return root
+
+
+def _files(checkpoint: Path) -> list[str]:
+    return sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*") if p.is_file())
+
+
+def test_the_checkpoint_has_the_files_this_suite_damages(pristine: Path) -> None:
+    files = _files(pristine / "step_00000002")
+    assert "manifest.json" in files and "trainer.pt" in files and "rng/rank_00000.pt" in files
+    assert "model_optim/.metadata" in files and any(f.endswith(".distcp") for f in files)
+
+
+def _damage(file: Path, how: str) -> None:
+    data = file.read_bytes()
+    if how == "delete":
+        file.unlink()
+    elif how == "truncate":
+        file.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        file.write_bytes(b"")
+    elif how == "garble":  # same size, different content (caught where the content is parsed)
+        file.write_bytes(bytes(b ^ 0xFF for b in data))
+
+
+# Garbling a .distcp shard keeps its size; only reading the tensors could tell, so it is not in the corpus.
+CASES = [
+    (name, how)
+    for name in (
+        "manifest.json",
+        "model_optim/.metadata",
+        "trainer.pt",
+        "rng/rank_00000.pt",
+        "model_optim/*.distcp",
+    )
+    for how in ("delete", "truncate", "empty", "garble")
+    if not (name.endswith(".distcp") and how == "garble")
+]
+
+
+@pytest.mark.parametrize(("name", "how"), CASES, ids=[f"{n}-{h}" for n, h in CASES])
+def test_a_damaged_newest_checkpoint_is_skipped_and_named(pristine: Path, tmp_path: Path, name, how) -> None:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(pristine, root)
+    newest = root / "step_00000002"
+    targets = sorted(newest.glob(name))
+    assert targets, name
+    for target in targets:
+        _damage(target, how)
+    manager = CheckpointManager(root, keep_last=None)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert manager.resolve("auto") == root / "step_00000001"
+    assert [p.name for p, _ in manager.skipped] == ["step_00000002"]
+    reason = manager.skipped[0][1]
+    assert str(targets[0]) in reason or (name == "manifest.json" and "manifest.json" in reason), reason
+    assert any("resume=auto skips step_00000002" in str(w.message) for w in caught)
+
+    with pytest.raises(DamagedCheckpointError) as info:
+        manager.resolve(str(newest))
+    assert str(targets[0]) in str(info.value) and info.value.file == targets[0]
+    assert str(root / "step_00000001") in str(info.value) and "trainer.resume=auto" in str(info.value)
+
+    model, opt = _model_and_optimizer()
+    state = manager.load(manager.resolve("auto"), model, opt)
+    assert state["marker"] == "step 1"
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(pristine: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(pristine, root)
+    for step in (1, 2):
+        (root / f"step_{step:08d}" / "trainer.pt").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(
+            DamagedCheckpointError, match=r"every checkpoint under .* is damaged.*trainer\.pt"
+        ):
+            CheckpointManager(root).resolve("auto")
+
+
+def test_nan_weights_are_never_saved_or_exported(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path / "checkpoints")
+    model, opt = _model_and_optimizer()
+    _train_step(model, opt, 1)
+    manager.save(1, model, opt)
+    with torch.no_grad():
+        model[2].bias[1] = float("nan")
+    with pytest.raises(CheckpointError, match=r"saving step 2.*2\.bias holds 1 non-finite value"):
+        manager.save(2, model, opt)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000001"]
+    # EMA / extra state is checked too.
+    with torch.no_grad():
+        model[2].bias[1] = 0.0
+    shadow = {"ema": {"0.weight": torch.full((8, 4), float("inf"))}}
+    with pytest.raises(CheckpointError, match=r"extra\.ema\.0\.weight holds 32 non-finite"):
+        manager.save(3, model, opt, extra_state=shadow)
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("inf")
+    export = tmp_path / "policy.safetensors"
+    with pytest.raises(
+        CheckpointError, match=r"exporting .*policy\.safetensors.*0\.weight holds 1 non-finite"
+    ):
+        export_safetensors(model, export)
+    assert not export.exists() and list(tmp_path.glob(".policy*")) == []
