@@ -39,8 +39,10 @@ class ModelConfig:
 
     overrides: any policy config field, nested ones as partial dicts (`{"vlm": {"depth": 4}}`);
         build_policy rejects unknown keys by name.
-    weights: a local checkpoint to start from; weights_format "lerobot_pi0" (LeRobot/openpi pi0
-        safetensors) or "paligemma" (transformers' PaliGemma layout, prefix only).
+    weights: a local checkpoint (.safetensors file or directory of shards) to start from: LeRobot/openpi
+        pi0, transformers PaliGemma (pi0: the prefix only) or a policy.safetensors of ours (old or new).
+    weights_format: "auto" (detected from the keys), or force "lerobot_pi0" | "paligemma" | "vla"
+        (this repository's own parameter names).
     """
 
     preset: str = "pi0_small"
@@ -49,10 +51,10 @@ class ModelConfig:
     train_expert_only: bool = False
     gradient_checkpointing: bool = False
     weights: str | None = None
-    weights_format: str = "lerobot_pi0"
+    weights_format: str = "auto"
 
     def __post_init__(self) -> None:
-        _choice("model.weights_format", self.weights_format, ("lerobot_pi0", "paligemma"))
+        _choice("model.weights_format", self.weights_format, ("auto", "lerobot_pi0", "paligemma", "vla"))
 
     def policy_overrides(self) -> dict[str, Any]:
         out = dict(self.overrides)

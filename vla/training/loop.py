@@ -456,11 +456,21 @@ class Trainer:
                 )
         export = None
         if cfg.export_safetensors and stopped is None:
-            export = self.output_dir / "policy.safetensors"
-            metadata = {"policy_config": json.dumps(unwrap(self.model).config.to_dict())}
+            from vla.training.export import export_policy, lerobot_unsupported, run_lerobot_config
+
+            policy_config = unwrap(self.model).config
             ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
             with ema:
-                self.checkpoints.export_safetensors(unwrap(self.model), export, metadata=metadata)
+                export = export_policy(
+                    self.model,
+                    self.output_dir,
+                    rank=self.rank,
+                    lerobot_config=run_lerobot_config(policy_config, self.data),
+                )
+            if policy_config.kind == "pi0" and lerobot_unsupported(policy_config):
+                self.tracker.print(
+                    f"export: LeRobot-named weights; no pretrained_model/config.json ({lerobot_unsupported(policy_config)})"
+                )
         # After the export, so a failing simulator never costs the trained policy.
         closed_loop = self.evaluate_closed_loop(final=True) if stopped is None else None
         summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop, closed_loop)
@@ -604,13 +614,13 @@ def _describe_routing(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
-    from vla.models.weights import load_paligemma_weights, load_pi0_weights
+    from vla.models.weights import load_weights
 
     if not Path(path).exists():
         raise FileNotFoundError(
             f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
         )
-    (load_pi0_weights if fmt == "lerobot_pi0" else load_paligemma_weights)(policy, path)
+    load_weights(policy, path, fmt)
 
 
 def run(cfg: TrainConfig) -> Summary:
