@@ -11,15 +11,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra
 from omegaconf import DictConfig
 
-from vla.training.config import register_configs, to_train_config
-from vla.training.loop import run
+from vla.training.cli import main as train_main
+from vla.training.config import register_configs
 
 register_configs()
 
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    run(to_train_config(cfg))
+    train_main(cfg)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -274,8 +275,13 @@ def test_pi0_export_is_lerobot_named_and_round_trips_bitwise(tmp_path) -> None:
     )
     metadata = read_safetensors_metadata(path)
     assert metadata["format"] == "pt" and metadata["vla.layout"] == "lerobot_pi0"
-    assert (tmp_path / LEROBOT_DIR / "model.safetensors").read_bytes() == path.read_bytes()
-    assert not (tmp_path / LEROBOT_DIR / "config.json").exists()  # pi0_tiny: LeRobot cannot build it
+    assert not (tmp_path / LEROBOT_DIR).exists()  # pi0_tiny: LeRobot's PI0Config cannot describe it
+    # With a LeRobot config (the full-size presets): LeRobot's from_pretrained directory, same weights.
+    with_config = write_export(source.state_dict(), source.config, tmp_path / "full", {"type": "pi0"})
+    directory = tmp_path / "full" / LEROBOT_DIR
+    assert (directory / "model.safetensors").read_bytes() == with_config.read_bytes()
+    assert load_file(str(directory / "model.safetensors")).keys() == tensors.keys()
+    assert json.loads((directory / "config.json").read_text()) == {"type": "pi0"}
 
     # Round trip: the exported policy (config from the metadata) and model.weights= give the same outputs.
     _same_outputs(source, load_exported_policy(path))

@@ -6,10 +6,10 @@ pi0 runs write
                                     our policy config as JSON in the header ("policy_config")
     pretrained_model/model.safetensors  the same file (a hard link), and
     pretrained_model/config.json    LeRobot's PI0Config, so `PI0Policy.from_pretrained(run/pretrained_model)`
-                                    works as for LeRobot's own training outputs; written when LeRobot can
-                                    build the architecture (its PI0Config only knows the full-size towers:
-                                    PaliGemma gemma_2b / gemma_300m, SigLIP So400m/14); smaller presets get
-                                    the LeRobot-named weights without config.json.
+                                    works as for LeRobot's own training outputs. Written when LeRobot can
+                                    build the architecture: its PI0Config only knows the full-size towers
+                                    (PaliGemma gemma_2b / gemma_300m, SigLIP So400m/14), so the small presets
+                                    get the LeRobot-named policy.safetensors only (and a log line says why).
 OpenVLA-style runs keep our own parameter names in policy.safetensors (LeRobot has no OpenVLA policy).
 Both load back with `vla.eval.policy_runner.load_exported_policy` and as `model.weights=`.
 """
@@ -188,10 +188,10 @@ def write_export(
     if isinstance(config, Pi0Config):
         tensors = pi0_lerobot_tensors(state, config)
         _write_safetensors(tensors, path, export_header(config, "lerobot_pi0"))
-        directory = output_dir / LEROBOT_DIR
-        directory.mkdir(parents=True, exist_ok=True)
-        _link_or_copy(path, directory / LEROBOT_WEIGHTS)
         if lerobot_config is not None:
+            directory = output_dir / LEROBOT_DIR
+            directory.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(path, directory / LEROBOT_WEIGHTS)
             text = json.dumps(lerobot_config, indent=4)
             _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
     else:

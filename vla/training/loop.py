@@ -28,7 +28,7 @@ from vla.training.config import TrainConfig, validate
 from vla.training.data import build_data
 from vla.training.ema import EMA
 from vla.training.noise import flow_matching_inputs
-from vla.training.optim import build_optimizer, build_scheduler
+from vla.training.optim import build_optimizer, build_scheduler, effective_warmup
 from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.tracking import Tracker
 
@@ -110,10 +110,15 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
 
 
 def _shared_output_dir(path: str, device: torch.device) -> Path:
-    """Rank 0's output directory, for every rank (their `${now:}` may differ by a second)."""
+    """Rank 0's output directory, for every rank (their `${now:}` may differ by a second); a rank whose
+    own choice differs removes the empty directory Hydra made for it."""
+    from vla.training.cli import remove_if_empty
+
     box = [path]
     if dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(box, src=0)
+    if os.path.abspath(path) != os.path.abspath(box[0]):
+        remove_if_empty(path)
     return Path(box[0])
 
 
@@ -161,6 +166,7 @@ class Trainer:
             world=self.world,
             device=self.device,
         )
+        _set_action_dim_from_data(policy, self.data.processor.action_dim)
         optimizer = build_optimizer(cfg.optim, policy)
         self.routing = _describe_routing(optimizer)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
@@ -354,7 +360,7 @@ class Trainer:
         if report is None:
             return None
         scalars = report.pop("scalars")
-        self.tracker.log(self.step - 1, scalars, prefix="eval")
+        self.tracker.log(self.step, scalars, prefix="eval")
         if self.is_main:
             if final:
                 (self.output_dir / "closed_loop.json").write_text(json.dumps(report, indent=1))
@@ -373,6 +379,9 @@ class Trainer:
             f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
         )
         self.tracker.print(self.routing)
+        _, warmup_note = effective_warmup(cfg)
+        if warmup_note:
+            self.tracker.print(warmup_note)
         self.maybe_resume()
         iterator = self.data.train.forever()
         history: list[StepTimes] = []
@@ -427,11 +436,11 @@ class Trainer:
                         "optimizer_comm_s": times.optimizer_comm_s,
                     }
                     record.update({k: v for k, v in zip(metrics, metric_means) if k != "loss"})
-                    self.tracker.log(self.step - 1, record)
+                    self.tracker.log(self.step, record)
                 if self.step % cfg.val_every == 0 or self.step == cfg.steps:
                     val_loss = self.validate()
                     if val_loss is not None:
-                        self.tracker.log(self.step - 1, {"loss": val_loss}, prefix="val")
+                        self.tracker.log(self.step, {"loss": val_loss}, prefix="val")
                 every = cfg.closed_loop.every
                 if every and self.step % every == 0 and self.step != cfg.steps:
                     self.evaluate_closed_loop(final=False)
@@ -450,7 +459,7 @@ class Trainer:
             open_loop = self.evaluate_open_loop()
             if open_loop is not None:
                 self.tracker.log(
-                    self.step - 1,
+                    self.step,
                     {k: v for k, v in open_loop.items() if not isinstance(v, list)},
                     prefix="eval",
                 )
@@ -469,7 +478,8 @@ class Trainer:
                 )
             if policy_config.kind == "pi0" and lerobot_unsupported(policy_config):
                 self.tracker.print(
-                    f"export: LeRobot-named weights; no pretrained_model/config.json ({lerobot_unsupported(policy_config)})"
+                    f"export: LeRobot-named weights, but no pretrained_model/ (LeRobot cannot build this size: "
+                    f"{lerobot_unsupported(policy_config)})"
                 )
         # After the export, so a failing simulator never costs the trained policy.
         closed_loop = self.evaluate_closed_loop(final=True) if stopped is None else None
@@ -621,6 +631,14 @@ def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
             f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
         )
     load_weights(policy, path, fmt)
+
+
+def _set_action_dim_from_data(policy: torch.nn.Module, action_dim: int) -> None:
+    """OpenVLA-style presets leave action_dim unset: take the dataset's, so sampling without a Batch
+    (evaluation, the export, closed loop) knows how many dims to decode."""
+    config = policy.config
+    if getattr(config, "kind", None) == "openvla" and config.action_dim is None:
+        policy.config = config.replace(action_dim=action_dim)
 
 
 def run(cfg: TrainConfig) -> Summary:
