@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
+import tempfile
 import types
 import typing
 from collections.abc import Iterable
@@ -98,26 +100,104 @@ def hydra_output_dir() -> str | None:
     return str(HydraConfig.get().runtime.output_dir)
 
 
+class LaunchError(RuntimeError):
+    """The launcher started a different number of processes than it was asked for."""
+
+
+def _parent_num_processes(pid: int | None = None) -> int | None:
+    """`--num_processes N` / `--num-processes=N` on the parent's command line (Linux /proc), else None."""
+    try:
+        raw = Path(f"/proc/{pid or os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    words = raw.decode(errors="replace").split("\0")
+    for i, word in enumerate(words):
+        for flag in ("--num_processes", "--num-processes"):
+            value = words[i + 1] if word == flag and i + 1 < len(words) else None
+            if word.startswith(flag + "="):
+                value = word.split("=", 1)[1]
+            if value is not None and value.isdigit():
+                return int(value)
+    return None
+
+
+def check_launch() -> None:
+    """Refuse the silent single process of `accelerate launch --num_processes N` (N > 1) without
+    `--multi_gpu` on a machine without several GPUs (Accelerate then runs the script once, world size 1)."""
+    if "ACCELERATE_USE_CPU" not in os.environ or "WORLD_SIZE" in os.environ:
+        return  # not accelerate's single-process launcher
+    requested = _parent_num_processes()
+    if requested and requested > 1:
+        raise LaunchError(
+            f"accelerate launch was asked for {requested} processes but started one (without --multi_gpu it "
+            "runs a single process when it finds fewer than 2 GPUs); launch with `accelerate launch --multi_gpu "
+            f"--num_processes {requested} train.py ...` (CPU or GPU) or `torchrun --standalone --nproc_per_node "
+            f"{requested} train.py ...`"
+        )
+
+
+def _error_marker() -> Path | None:
+    """A file the first failing rank of a multi-process run creates (torchrun / accelerate set the id)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not run_id:
+        return None
+    return Path(tempfile.gettempdir()) / f"vla-run-{run_id}-{os.environ.get('GROUP_RANK', '0')}.error"
+
+
+def report_once(exc: BaseException) -> bool:
+    """Under a multi-process launch, whether this rank reports `exc` (the first rank to fail does; ranks
+    failing later with the same message stay quiet, with another one they print one line)."""
+    marker = _error_marker()
+    if marker is None:
+        return True
+    message = f"{type(exc).__name__}: {exc}"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            first = marker.read_text()
+            if first and first != message:
+                rank = os.environ.get("RANK", "?")
+                print(
+                    f"[rank {rank}] failed too: {message.splitlines()[0][:300]}", file=sys.stderr, flush=True
+                )
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(message)
+    print(f"[rank {os.environ.get('RANK', '?')}] failed:", file=sys.stderr, flush=True)
+    return True
+
+
 def main(cfg: Any) -> None:
-    """The body of train.py's @hydra.main."""
+    """The body of train.py's @hydra.main: one error report per run, no empty directories left behind."""
     from hydra.core.hydra_config import HydraConfig
 
     from vla.training.config import TrainConfig, to_train_config
     from vla.training.loop import run
 
-    replace_dict_overrides(cfg, HydraConfig.get().overrides.task, TrainConfig)
-    train_config = to_train_config(cfg)
     hydra_dir = hydra_output_dir()
-    if hydra_dir and os.path.abspath(train_config.output_dir) != os.path.abspath(hydra_dir):
-        remove_if_empty(hydra_dir)  # output_dir=... was given: Hydra's directory stays unused
-    run(train_config)
+    try:
+        check_launch()
+        replace_dict_overrides(cfg, HydraConfig.get().overrides.task, TrainConfig)
+        train_config = to_train_config(cfg)
+        if hydra_dir and os.path.abspath(train_config.output_dir) != os.path.abspath(hydra_dir):
+            remove_if_empty(hydra_dir)  # output_dir=... was given: Hydra's directory stays unused
+        run(train_config)
+    except Exception as exc:
+        remove_if_empty(hydra_dir)  # a run that failed at start-up leaves no empty directory
+        if not report_once(exc):
+            raise SystemExit(1) from None  # another rank reported it (Hydra would print it again)
+        raise
 
 
 __all__ = [
+    "LaunchError",
+    "check_launch",
     "dict_field_paths",
     "main",
     "remove_if_empty",
     "replace_dict_overrides",
+    "report_once",
     "resolve_run_dir",
     "schema_node",
 ]
