@@ -141,7 +141,17 @@ def _error_marker() -> Path | None:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not run_id:
         return None
-    return Path(tempfile.gettempdir()) / f"vla-run-{run_id}-{os.environ.get('GROUP_RANK', '0')}.error"
+    # The workers of one launch share their launcher (the parent process), its run id (only unique with
+    # --standalone), its master port and the restart count.
+    launch = "-".join(
+        [
+            run_id,
+            str(os.getppid()),
+            os.environ.get("MASTER_PORT", ""),
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+        ]
+    )
+    return Path(tempfile.gettempdir()) / f"vla-run-{launch}.error"
 
 
 def report_once(exc: BaseException) -> bool:
