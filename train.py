@@ -15,9 +15,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import hydra
 from omegaconf import DictConfig
 
-from vla.training.config import register_configs, to_train_config
-from vla.training.guards import EXIT_FINISHED, EXIT_STOPPED, StopRequested
-from vla.training.loop import run
+from vla.training.cli import main as train_main
+from vla.training.config import register_configs
+from vla.training.guards import EXIT_FINISHED
 
 register_configs()
 _exit_code = [EXIT_FINISHED]
@@ -25,17 +25,7 @@ _exit_code = [EXIT_FINISHED]
 
 @hydra.main(version_base=None, config_path="configs", config_name="config")
 def main(cfg: DictConfig) -> None:
-    try:
-        summary = run(to_train_config(cfg))
-    except StopRequested as stop:
-        print(f"vla: {stop}", file=sys.stderr, flush=True)
-        _exit_code[0] = EXIT_STOPPED
-        return
-    if summary.stopped_early:
-        print(
-            f"vla: {summary.stopped_early}; resume with trainer.resume=auto (exit code 130)", file=sys.stderr
-        )
-        _exit_code[0] = EXIT_STOPPED
+    _exit_code[0] = train_main(cfg)
 
 
 if __name__ == "__main__":

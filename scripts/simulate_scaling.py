@@ -1,14 +1,14 @@
 """Predicted Muon optimizer-step time of full-size pi0 on W ranks: naive FSDP2 Muon vs dmuon.
 
     python scripts/simulate_scaling.py [--preset pi0] [--worlds 8,16,64,128,1024]
-                                       [--cost calibrated|flops] [--flops-per-second F]
+                                       [--flops-per-second F]
                                        [--alpha-us 20] [--bandwidth-gbs 25] [--bucket-mb 64]
                                        [--planner lpt|milp] [--json PATH] [--plot PATH]
 
 Matrices: the preset's Muon parameters (dmuon.param_groups with the trainer's pi0 routing), read on
-the meta device. Compute: the planner's cost model, either calibrated (Newton-Schulz timed once per
-shape class on this machine at batch 1 and 2, cached like dmuon's cost_model="calibrated") or the
-FLOP model at --flops-per-second. Communication: an alpha-beta model, alpha seconds per message and
+the meta device. Compute: the planner's cost model, calibrated by default (Newton-Schulz timed once per
+shape class on this machine at batch 1 and 2, cached like dmuon's cost_model="calibrated"), or the
+FLOP model at F FLOP/s when --flops-per-second F is given. Communication: an alpha-beta model, alpha seconds per message and
 1 / bandwidth seconds per byte per rank; a ring collective over W ranks sends W-1 messages.
 
   naive:  for every matrix, an all-gather of its shards ((W-1)/W of its bytes arrive at each rank),

@@ -144,13 +144,15 @@ def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int]]) -> N
 def curves(run_dir: Path) -> dict[str, list[float]]:
     """Train / validation curves of a run: steps (1-based), losses, and training seconds at each step."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # Steps are logged 1..N; metrics written before that convention started at 0.
+    offset = 1 if min((r["step"] for r in records if r["split"] == "train"), default=1) == 0 else 0
     train: dict[int, dict[str, Any]] = {}
     val: dict[int, float] = {}
     for r in records:  # a resumed run re-logs some steps: the last record of a step wins
         if r["split"] == "train":
-            train[r["step"] + 1] = r
+            train[r["step"] + offset] = r
         elif r["split"] == "val":
-            val[r["step"] + 1] = r["loss"]
+            val[r["step"] + offset] = r["loss"]
     # Seconds = step x the run's median step time: medians shrug off the machine's passing load, which a
     # sum of step times would charge to whichever run it happened to hit.
     median_step_s = statistics.median(r["step_s"] for r in train.values()) if train else math.nan

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -206,3 +207,164 @@ def test_meta_build_then_load_matches_eager_model(tmp_path) -> None:
     torch.testing.assert_close(
         lazy.sample_actions(batch, noise=noise), eager.sample_actions(batch, noise=noise)
     )
+
+
+# ------------------------------------------------------------------------------------------------------
+# The trainer's export (vla.training.export) and the layout detection of model.weights= (issue 11)
+
+# LeRobot 0.4.4's PI0Config / PreTrainedConfig fields (src/lerobot/policies/pi0/configuration_pi0.py,
+# src/lerobot/configs/policies.py); draccus refuses any other key in config.json.
+LEROBOT_PI0_CONFIG_FIELDS = {
+    "type", "n_obs_steps", "input_features", "output_features", "device", "use_amp", "push_to_hub",
+    "repo_id", "private", "tags", "license", "pretrained_path", "paligemma_variant", "action_expert_variant",
+    "dtype", "chunk_size", "n_action_steps", "max_state_dim", "max_action_dim", "num_inference_steps",
+    "time_sampling_beta_alpha", "time_sampling_beta_beta", "time_sampling_scale", "time_sampling_offset",
+    "min_period", "max_period", "rtc_config", "image_resolution", "empty_cameras", "normalization_mapping",
+    "gradient_checkpointing", "compile_model", "compile_mode", "freeze_vision_encoder", "train_expert_only",
+    "optimizer_lr", "optimizer_betas", "optimizer_eps", "optimizer_weight_decay", "optimizer_grad_clip_norm",
+    "scheduler_warmup_steps", "scheduler_decay_steps", "scheduler_decay_lr", "tokenizer_max_length",
+}  # fmt: skip
+
+
+def _trained_like(name: str) -> nn.Module:
+    """A policy whose weights differ from a fresh build (so a load that does nothing cannot pass)."""
+    torch.manual_seed(123)
+    policy = build_policy(name)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.01 * torch.randn_like(parameter))
+    return policy.eval()
+
+
+def _same_outputs(a: nn.Module, b: nn.Module) -> None:
+    batch = make_batch(a.config)
+    torch.manual_seed(0)
+    if a.config.kind == "pi0":
+        noise = torch.randn(2, a.config.action_horizon, a.config.max_action_dim)
+        assert torch.equal(a.sample_actions(batch, noise=noise), b.sample_actions(batch, noise=noise))
+    else:
+        assert torch.equal(a.sample_actions(batch), b.sample_actions(batch))
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_pi0_export_is_lerobot_named_and_round_trips_bitwise(tmp_path) -> None:
+    from vla.eval.policy_runner import load_exported_policy
+    from vla.models.weights import lerobot_pi0_key_set, load_weights
+    from vla.training.checkpoint import read_safetensors_metadata
+    from vla.training.export import LEROBOT_DIR, write_export
+
+    source = _trained_like("pi0_tiny")
+    path = write_export(source.state_dict(), source.config, tmp_path)
+    tensors = load_file(str(path))
+    # Exactly the key set LeRobot's PI0Policy holds (its strict load needs all and only these) ...
+    reference = _lerobot_state_dict(_lerobot_like_pi0(source.config))
+    assert set(tensors) == set(reference) == lerobot_pi0_key_set(source.config)
+    assert len(tensors) == 90 and all(k.startswith("model.paligemma_with_expert.") or k.startswith(
+        ("model.state_proj.", "model.action_")) for k in tensors)  # fmt: skip
+    # ... with LeRobot's shapes, and strict-loadable into the LeRobot-shaped module tree.
+    for key, value in reference.items():
+        assert tensors[key].shape == value.shape, key
+    lerobot_like = _lerobot_like_pi0(source.config)
+    lerobot_like.load_state_dict(
+        {k.replace(".vision_model.", "."): v for k, v in tensors.items()}, strict=True
+    )
+    assert torch.equal(
+        lerobot_like.model.paligemma_with_expert.gemma_expert.model.layers[1].mlp.down_proj.weight,
+        source.layers[1].expert.mlp.down_proj.weight,
+    )
+    metadata = read_safetensors_metadata(path)
+    assert metadata["format"] == "pt" and metadata["vla.layout"] == "lerobot_pi0"
+    assert not (tmp_path / LEROBOT_DIR).exists()  # pi0_tiny: LeRobot's PI0Config cannot describe it
+    # With a LeRobot config (the full-size presets): LeRobot's from_pretrained directory, same weights.
+    with_config = write_export(source.state_dict(), source.config, tmp_path / "full", {"type": "pi0"})
+    directory = tmp_path / "full" / LEROBOT_DIR
+    assert (directory / "model.safetensors").read_bytes() == with_config.read_bytes()
+    assert load_file(str(directory / "model.safetensors")).keys() == tensors.keys()
+    assert json.loads((directory / "config.json").read_text()) == {"type": "pi0"}
+
+    # Round trip: the exported policy (config from the metadata) and model.weights= give the same outputs.
+    _same_outputs(source, load_exported_policy(path))
+    fresh = build_policy("pi0_tiny")
+    report = load_weights(fresh, path)
+    assert report.left_initialised == []
+    _same_outputs(source, fresh.eval())
+
+
+def test_old_exports_and_openvla_exports_load(tmp_path) -> None:
+    from vla.eval.policy_runner import load_exported_policy
+    from vla.models.weights import detect_layout, load_weights
+    from vla.training.checkpoint import export_safetensors, read_safetensors_metadata
+    from vla.training.export import write_export
+
+    # An export written before the LeRobot-named export: our names + "policy_config" in the metadata.
+    old_pi0 = _trained_like("pi0_tiny")
+    old_file = export_safetensors(old_pi0, tmp_path / "old" / "policy.safetensors")
+    assert detect_layout(set(load_file(str(old_file)))) == "vla"
+    _same_outputs(old_pi0, load_exported_policy(old_file))
+    fresh = build_policy("pi0_tiny")
+    load_weights(fresh, old_file)  # model.weights= takes it too
+    _same_outputs(old_pi0, fresh.eval())
+
+    # OpenVLA-style: our names (LeRobot has no OpenVLA policy), the tied LM head stored once.
+    openvla = _trained_like("openvla_tiny")
+    path = write_export(openvla.state_dict(), openvla.config, tmp_path / "openvla")
+    assert read_safetensors_metadata(path)["vla.layout"] == "vla"
+    _same_outputs(openvla, load_exported_policy(path))
+    old_openvla = export_safetensors(openvla, tmp_path / "old_openvla" / "policy.safetensors")
+    _same_outputs(openvla, load_exported_policy(old_openvla))
+
+
+def test_model_weights_detects_the_layout_and_names_what_does_not_fit(tmp_path) -> None:
+    from vla.models.weights import detect_layout, load_weights
+
+    config = build_policy("pi0_tiny").config
+    _paligemma(config).save_pretrained(tmp_path / "paligemma")
+    assert detect_layout(set(load_file(str(tmp_path / "paligemma" / "model.safetensors")))) == "paligemma"
+    pi0 = build_policy("pi0_tiny")
+    report = load_weights(pi0, tmp_path / "paligemma")
+    assert "state_proj.weight" in report.left_initialised  # the expert stays as initialised
+
+    lerobot_file = save_pi0_weights(_trained_like("pi0_tiny"), tmp_path / "lerobot.safetensors")
+    assert detect_layout(set(load_file(str(lerobot_file)))) == "lerobot_pi0"
+    with pytest.raises(ValueError, match="LeRobot/openpi pi0 checkpoint; it cannot initialise the OpenVLA"):
+        load_weights(build_policy("openvla_tiny"), lerobot_file)
+    save_file({"encoder.weight": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match=r"cannot tell the layout.*encoder\.weight.*model\.weights_format"):
+        load_weights(pi0, tmp_path / "other.safetensors")
+    with pytest.raises(CheckpointMismatchError, match="missing keys"):  # forcing the wrong layout
+        load_weights(pi0, lerobot_file, "vla")
+
+
+def test_lerobot_config_json_for_the_full_size_pi0() -> None:
+    from vla.models import PRESETS
+    from vla.training.export import lerobot_pi0_config, lerobot_unsupported
+
+    features = {
+        "observation.images.cam_high": {"shape": [480, 640, 3], "names": ["height", "width", "channels"]},
+        "observation.state": {"shape": [14]},
+        "action": {"shape": [14]},
+    }
+    config = lerobot_pi0_config(
+        PRESETS["pi0"],
+        features=features,
+        camera_map={"observation.images.cam_high": "base_0_rgb"},
+        state_key="observation.state",
+        action_key="action",
+        norm_modes={"action": "MIN_MAX"},
+        tokenizer_max_length=48,
+    )
+    assert set(config) <= LEROBOT_PI0_CONFIG_FIELDS
+    assert config["type"] == "pi0"
+    assert (config["paligemma_variant"], config["action_expert_variant"]) == ("gemma_2b", "gemma_300m")
+    assert config["input_features"] == {
+        "observation.images.cam_high": {"type": "VISUAL", "shape": [3, 480, 640]},
+        "observation.state": {"type": "STATE", "shape": [14]},
+    }
+    assert config["output_features"] == {"action": {"type": "ACTION", "shape": [14]}}
+    assert config["empty_cameras"] == 2  # the two wrist cameras no dataset key maps to
+    assert config["normalization_mapping"] == {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MIN_MAX"}
+    assert (config["chunk_size"], config["image_resolution"]) == (50, [224, 224])
+    assert config["time_sampling_scale"] == pytest.approx(0.999) and config["time_sampling_offset"] == 0.001
+    assert lerobot_unsupported(PRESETS["pi0"]) is None
+    assert "vlm is not gemma_2b" in lerobot_unsupported(PRESETS["pi0_small"])

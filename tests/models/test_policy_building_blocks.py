@@ -123,3 +123,41 @@ def test_action_tokenizer_round_trip_and_id_range() -> None:
         tokenizer.decode(torch.tensor([639]))
     with pytest.raises(ValueError, match="cannot hold"):
         ActionTokenizer(vocab_size=300, num_bins=256, reserved_tail_tokens=128)
+
+
+def test_sinusoidal_time_embedding_is_the_float64_reference_rounded_once() -> None:
+    # openpi / LeRobot's create_sinusoidal_pos_embedding written out with Python floats (float64) on the
+    # float32 times the model gets, then rounded to float32 once.
+    time = torch.tensor([0.001, 0.25, 0.73, 0.999, 1.0], dtype=torch.float32)
+    dim, min_period, max_period = 64, 4e-3, 4.0
+    expected = []
+    for t in time.tolist():  # the exact float32 values, as Python floats
+        periods = [min_period * (max_period / min_period) ** (i / (dim // 2 - 1)) for i in range(dim // 2)]
+        angles = [1.0 / p * 2 * math.pi * t for p in periods]
+        expected.append([math.sin(a) for a in angles] + [math.cos(a) for a in angles])
+    reference = torch.tensor(expected, dtype=torch.float64)
+    emb = sinusoidal_time_embedding(time, dim, min_period=min_period, max_period=max_period)
+    assert emb.dtype == torch.float32
+    # Only the final rounding to float32 remains (half an ulp of values in [-1, 1]), plus linspace's own
+    # float64 rounding of the period fractions.
+    torch.testing.assert_close(emb, reference.float(), rtol=0, atol=1e-7)
+    # float32 arithmetic (the old implementation) is far further from the reference at t near 1.
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32)
+    angles32 = time[:, None] * (2.0 * math.pi / (min_period * (max_period / min_period) ** fraction))[None, :]
+    old = torch.cat([torch.sin(angles32), torch.cos(angles32)], dim=1)
+    assert (old.double() - reference).abs().max() > 1e-5 > 1e-7 > (emb.double() - reference).abs().max()
+
+
+def test_the_pad_token_embedding_starts_at_zero_and_gets_no_gradient() -> None:
+    from vla.models import build_policy
+    from vla.models.paligemma import PAD_TOKEN_ID
+
+    for name in ("pi0_tiny", "openvla_tiny"):
+        embed = build_policy(name).prefix_embedder.embed_tokens
+        assert embed.padding_idx == PAD_TOKEN_ID == 0
+        assert torch.count_nonzero(embed.weight[0]) == 0 and torch.count_nonzero(embed.weight[1]) > 0
+        tokens = torch.tensor([[5, 0, 0, 7]])
+        embed(tokens).sum().backward()
+        grad = embed.weight.grad
+        assert torch.count_nonzero(grad[0]) == 0  # pad token: no gradient
+        assert torch.count_nonzero(grad[5]) > 0 and torch.count_nonzero(grad[7]) > 0

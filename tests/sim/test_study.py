@@ -21,8 +21,8 @@ def test_steps_to_reach_and_curves(tmp_path) -> None:
         {"step": s, "split": "train", "loss": 1.0 / (s + 1), "step_s": t, "optimizer_s": t / 10}
         for s, t in enumerate([9.0, 1.0, 1.0, 3.0])
     ]
-    records += [{"step": 1, "split": "val", "loss": 0.5}, {"step": 3, "split": "val", "loss": 0.2}]
-    records.append({"step": 3, "split": "val", "loss": 0.25})  # a resumed run re-logs a step: the last wins
+    records += [{"step": 2, "split": "val", "loss": 0.5}, {"step": 4, "split": "val", "loss": 0.2}]
+    records.append({"step": 4, "split": "val", "loss": 0.25})  # a resumed run re-logs a step: the last wins
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
     curve = study_optimizers.curves(tmp_path)
     assert curve["val_steps"] == [2, 4] and curve["val_loss"] == [0.5, 0.25]
@@ -31,6 +31,11 @@ def test_steps_to_reach_and_curves(tmp_path) -> None:
     assert study_optimizers.steps_to_reach(curve, 0.3) == 4
     assert study_optimizers.steps_to_reach(curve, 0.5) == 2
     assert study_optimizers.steps_to_reach(curve, 0.1) is None
+    # Metrics written before steps were numbered 1..N started at 0: read the same.
+    for r in records:
+        r["step"] -= 1
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
+    assert study_optimizers.curves(tmp_path)["val_steps"] == [2, 4]
 
 
 @pytest.mark.slow

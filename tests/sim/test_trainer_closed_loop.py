@@ -40,7 +40,7 @@ def test_run_reports_closed_loop_success(tmp_path, sim_dataset) -> None:
         json.dumps(report["tasks"])
     )
     evals = [r for r in metrics(out, "eval") if "success/mean" in r]
-    assert [r["step"] for r in evals] == [1, 3]  # every=2, then the end of the run
+    assert [r["step"] for r in evals] == [2, 4]  # every=2, then the end of the run
     assert set(evals[-1]) >= {"success/reach-v3", "success/button-press-topdown-v3", "success/mean"}
     assert len(list((out / "videos").glob("*.mp4"))) == 2  # one per task
 

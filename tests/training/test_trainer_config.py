@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,8 @@ def test_command_line_overrides_reach_the_schema() -> None:
         ["model=pi0", "optim=dmuon", "optim.lr=0.01", "data=lerobot", "data.root=/x", "trainer.steps=2000"]
     )
     assert (cfg.model.preset, cfg.optim.lr, cfg.data.root, cfg.trainer.steps) == ("pi0", 0.01, "/x", 2000)
-    assert cfg.output_dir.startswith("outputs/pi0-dmuon/")
+    # Hydra's run directory (hydra.run.dir, made absolute as Hydra does)
+    assert cfg.output_dir.startswith(str(Path.cwd() / "outputs" / "pi0-dmuon") + "/")
 
 
 @pytest.mark.parametrize(
@@ -62,7 +64,6 @@ def test_command_line_overrides_reach_the_schema() -> None:
         (["optim.name=dmoun"], "did you mean 'dmuon'"),
         (["trainer.precision=fp8"], "trainer.precision"),
         (["data=lerobot"], "missing required config values: \\['data.root'\\]"),
-        (["trainer.warmup_steps=500"], "warmup_steps"),
         (["trainer.ema_decay=1.5"], "ema_decay"),
         (["parallel.mode=zero3"], "parallel.mode"),
     ],
@@ -99,3 +100,116 @@ def test_a_wrong_dataset_root_names_the_path(tmp_path: Path) -> None:
     overrides = tiny_overrides(tmp_path / "nowhere", tmp_path / "run", "data=lerobot", "trainer.steps=2")
     with pytest.raises(FileNotFoundError, match=r"nowhere.*meta/info\.json"):
         run_in_process(overrides)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Command lines as documented (issue 11)
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _documented_command_lines() -> list[list[str]]:
+    """The overrides of every `train.py` command line in the README's and configs' examples; a sweep
+    (`-m`, comma-separated values) contributes each of its jobs."""
+    import shlex
+
+    texts = [README.read_text()] + [p.read_text() for p in CONFIGS.rglob("*.yaml")]
+    lines = []
+    for text in texts:
+        joined = text.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.lstrip("# ").strip()
+            if "train.py" not in line or line.startswith(("Multi-process", '"""')):
+                continue
+            words = shlex.split(line.split("train.py", 1)[1].split(" #")[0])
+            overrides = [w for w in words if "=" in w and not w.startswith("-")]
+            sweeps = [o for o in overrides if "," in o.split("=", 1)[1] and "{" not in o]
+            if "-m" in words and sweeps:
+                key, values = sweeps[0].split("=", 1)
+                rest = [o for o in overrides if o != sweeps[0]]
+                lines.extend([*rest, f"{key}={value}"] for value in values.split(","))
+            else:
+                lines.append(overrides)
+    # Dict overrides quoted on their own in the text ('model.overrides={vlm: {depth: 4}}').
+    for text in texts:
+        lines.extend([m] for m in re.findall(r"'([a-z_]+\.[a-z_.]+=\{[^']*\})'", text))
+    return lines
+
+
+def test_every_documented_command_line_composes() -> None:
+    lines = _documented_command_lines()
+    assert len(lines) >= 12, lines
+    joined = [" ".join(o) for o in lines]
+    assert any("data.camera_map={observation.images.cam_high: base_0_rgb" in j for j in joined)
+    assert any("model.overrides={vlm: {depth: 4}}" in j for j in joined)
+    override_sets = [
+        [*o, "data.root=/datasets/x"] if not any(w.startswith("data.root=") for w in o) else o for o in lines
+    ]
+    for overrides, cfg in zip(override_sets, compose_many(override_sets)):
+        for override in overrides:
+            key, value = override.split("=", 1)
+            if key == "data.camera_map":
+                assert cfg.data.camera_map == {
+                    "observation.images.cam_high": "base_0_rgb",
+                    "observation.images.cam_left_wrist": "left_wrist_0_rgb",
+                }, overrides
+            if key == "model.overrides":
+                assert cfg.model.overrides == {"vlm": {"depth": 4}}
+            if key == "trainer.steps":
+                assert cfg.trainer.steps == int(value)
+
+
+def test_a_plain_dict_override_replaces_the_presets_dict() -> None:
+    cfg, forced, model, norm = compose_many(
+        [
+            ["data.camera_map={observation.images.top: top}"],  # synthetic maps two cameras
+            ["++data.camera_map={observation.images.cam: wrist}"],
+            ["model.overrides={vlm: {depth: 4}, action_horizon: 8}"],
+            ["data.norm_modes={action: MIN_MAX, observation.state: IDENTITY}"],
+        ]
+    )
+    assert cfg.data.camera_map == {"observation.images.top": "top"}
+    assert forced.data.camera_map == {"observation.images.cam": "wrist"}
+    assert model.model.overrides == {"vlm": {"depth": 4}, "action_horizon": 8}
+    assert norm.data.norm_modes == {"action": "MIN_MAX", "observation.state": "IDENTITY"}
+    assert compose(["model=pi0_tiny", "model.overrides={vlm: {depth: 4}}"]).model.policy_overrides() == {
+        "vlm": {"depth": 4}
+    }
+    with pytest.raises(Exception, match=r"data.norm_modes\['action'\]"):
+        compose(["data.norm_modes={action: MEANSTD}"])
+
+
+def test_norm_modes_override_the_policy_defaults_per_feature() -> None:
+    from vla.models import build_policy
+    from vla.training.data import processor_config
+
+    config = build_policy("pi0_tiny").config
+    default = processor_config(compose([]).data, config).norm_modes
+    assert default == {"observation.state": "MEAN_STD", "action": "MEAN_STD"}
+    changed = processor_config(compose(["data.norm_modes={action: MIN_MAX}"]).data, config).norm_modes
+    assert changed == {"observation.state": "MEAN_STD", "action": "MIN_MAX"}
+
+
+def test_the_output_directory_is_hydras() -> None:
+    default, run_dir, explicit, named = compose_many(
+        [[], ["hydra.run.dir=/tmp/runs/a"], ["output_dir=/tmp/elsewhere"], ["optim=adamw", "model=pi0_tiny"]]
+    )
+    assert Path(default.output_dir).parent == Path.cwd() / "outputs" / "pi0_small-dmuon"
+    assert run_dir.output_dir == "/tmp/runs/a"
+    assert explicit.output_dir == "/tmp/elsewhere"
+    assert Path(named.output_dir).parent.name == "pi0_tiny-adamw"
+
+
+def test_a_warmup_longer_than_the_run_is_clamped() -> None:
+    from vla.training.optim import effective_warmup, lr_multiplier
+
+    short = compose(["trainer.steps=6"]).trainer  # the default warmup is 10 steps
+    assert short.warmup_steps == 10
+    warmup, note = effective_warmup(short)
+    assert warmup == 0 and "trainer.warmup_steps=10 is not shorter than trainer.steps=6" in note
+    assert [round(lr_multiplier(s, short), 6) for s in (0, 5)] == [1.0, 0.1]
+    longer = compose(["trainer.steps=40", "trainer.warmup_steps=40"]).trainer
+    assert effective_warmup(longer)[0] == 4
+    assert lr_multiplier(0, longer) == pytest.approx(1 / 5) and lr_multiplier(4, longer) == 1.0
+    kept = compose(["trainer.steps=40", "trainer.warmup_steps=39"]).trainer
+    assert effective_warmup(kept) == (39, None)

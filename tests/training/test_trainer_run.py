@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -13,7 +14,7 @@ import pytest
 import torch
 from _trainer_runs import ROOT, losses, metrics, run_in_process, summary, tiny_overrides
 
-from vla.training.checkpoint import load_safetensors_into, read_safetensors_metadata
+from vla.training.checkpoint import read_safetensors_metadata
 from vla.training.loop import NonFiniteLossError
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,7 @@ def test_a_run_writes_config_metrics_tensorboard_checkpoints_and_export(syntheti
     assert result.steps == 6 and result.final_loss is not None and result.val_loss is not None
     assert (out / "config.yaml").read_text().count("preset: pi0_tiny") == 1
     rows = metrics(out)
-    assert [r["step"] for r in rows] == list(range(6))
+    assert [r["step"] for r in rows] == list(range(1, 7))  # as the console and checkpoints/step_N count
     for key in (
         "loss",
         "grad_norm",
@@ -49,13 +50,21 @@ def test_a_run_writes_config_metrics_tensorboard_checkpoints_and_export(syntheti
     open_loop = summary(out)["open_loop"]  # sampled chunks vs recorded actions on held-out episodes
     assert open_loop["samples"] > 0 and len(open_loop["mse_by_horizon"]) == 10
     assert all(math.isfinite(open_loop[k]) for k in ("mse", "l1", "baseline_zero_mse", "baseline_center_mse"))
-    assert len(metrics(out, "eval")) == 1
-    # The consolidated export loads into a fresh policy and carries its config.
-    from vla.models import build_policy
+    assert [r["step"] for r in metrics(out, "eval")] == [6] and metrics(out, "val")[0]["step"] == 6
+    # The export has LeRobot's names and our config; it loads back (and as model.weights=).
+    from safetensors.torch import load_file
 
-    fresh = build_policy("pi0_tiny")
-    load_safetensors_into(fresh, out / "policy.safetensors")
-    assert "policy_config" in read_safetensors_metadata(out / "policy.safetensors")
+    from vla.eval.policy_runner import load_exported_policy
+    from vla.models.weights import lerobot_pi0_key_set
+
+    export = out / "policy.safetensors"
+    policy = load_exported_policy(export)
+    assert set(load_file(str(export))) == lerobot_pi0_key_set(policy.config)
+    assert read_safetensors_metadata(export)["vla.layout"] == "lerobot_pi0"
+    again = run_in_process(
+        tiny_overrides(synthetic_dataset, tmp_path / "again", "trainer.steps=1", f"model.weights={export}")
+    )
+    assert again.steps == 1
 
 
 def test_training_lowers_the_loss(synthetic_dataset, tmp_path) -> None:
@@ -160,3 +169,36 @@ def test_gradient_accumulation_matches_the_full_batch(synthetic_dataset, tmp_pat
     torch.testing.assert_close(
         torch.tensor(losses(accumulated)), torch.tensor(losses(full)), rtol=1e-5, atol=0
     )
+
+
+def test_openvla_presets_run_end_to_end_with_defaults(synthetic_dataset, tmp_path) -> None:
+    from vla.eval.policy_runner import load_exported_policy
+
+    out = tmp_path / "openvla"
+    result = run_in_process(tiny_overrides(synthetic_dataset, out, "model=openvla_tiny", "trainer.steps=2"))
+    assert result.export and result.open_loop["samples"] > 0 and summary(out)["steps"] == 2
+    policy = load_exported_policy(out / "policy.safetensors")
+    processor = json.loads((out / "processor.json").read_text())
+    assert policy.config.action_dim == processor["action_dim"] == 4  # the synthetic dataset's action dims
+
+
+def test_outputs_go_where_hydra_says(synthetic_dataset, tmp_path) -> None:
+    from _trainer_runs import TINY
+
+    common = [*TINY, f"data.root={synthetic_dataset}", "trainer.steps=1", "trainer.open_loop_eval=false"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    sweep = tmp_path / "sweep"
+    subprocess.run(
+        [sys.executable, "train.py", "-m", *common, "optim=adamw,dmuon", f"hydra.sweep.dir={sweep}"],
+        cwd=ROOT, check=True, capture_output=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "multirun.yaml"]
+    assert [summary(sweep / job)["output_dir"] for job in ("0", "1")] == [str(sweep / "0"), str(sweep / "1")]
+    assert "run_name: pi0_tiny-adamw" in (sweep / "0" / "config.yaml").read_text()
+
+    hydra_dir, explicit = tmp_path / "hydra", tmp_path / "explicit"
+    subprocess.run(
+        [sys.executable, "train.py", *common, f"hydra.run.dir={hydra_dir}", f"output_dir={explicit}"],
+        cwd=ROOT, check=True, capture_output=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert summary(explicit)["steps"] == 1 and not hydra_dir.exists()  # no empty directory left behind

@@ -42,7 +42,10 @@ def write_atomically(root: Path | str, write: Callable[[Path], None], *, overwri
     if root.exists() and not root.is_dir():
         raise DatasetError(f"{root} is a file, not a dataset directory; choose another root")
     if root.exists() and any(root.iterdir()) and not overwrite:
-        raise DatasetError(f"{root} exists and is not empty; choose a new root or pass --overwrite")
+        raise DatasetError(
+            f"{root} exists and is not empty; choose a new root, or replace it with --overwrite (the scripts) / "
+            "overwrite=True (Python)"
+        )
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:

@@ -104,9 +104,14 @@ def read_processor(path: Path | str) -> BatchProcessor:
 
 
 def load_exported_policy(path: Path | str) -> nn.Module:
-    """The policy in an exported safetensors file (the config comes from its "policy_config" metadata)."""
+    """The policy in an exported safetensors file (the config comes from its "policy_config" metadata).
+
+    Reads both export layouts: LeRobot's pi0 names (exports since the LeRobot-compatible export) and our own
+    parameter names (older exports, and OpenVLA-style exports), detected from the keys.
+    """
     from vla.models import build_policy
-    from vla.training.checkpoint import load_safetensors_into, read_safetensors_metadata
+    from vla.models.weights import load_weights
+    from vla.training.checkpoint import read_safetensors_metadata
 
     path = Path(path)
     if not path.is_file():
@@ -116,10 +121,11 @@ def load_exported_policy(path: Path | str) -> nn.Module:
     metadata = read_safetensors_metadata(path)
     if "policy_config" not in metadata:
         raise ValueError(
-            f"{path} has no 'policy_config' in its metadata; it was not exported by vla.training"
+            f"{path} has no 'policy_config' in its metadata; it was not exported by vla.training (a LeRobot "
+            "or PaliGemma checkpoint loads into a configured policy with train.py model.weights=...)"
         )
     policy = build_policy(json.loads(metadata["policy_config"]))
-    load_safetensors_into(policy, path)
+    load_weights(policy, path, "auto")
     return policy.eval()
 
 

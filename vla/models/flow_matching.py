@@ -30,17 +30,22 @@ def sample_flow_time(
 
 
 def sinusoidal_time_embedding(time: Tensor, dim: int, *, min_period: float, max_period: float) -> Tensor:
-    """(B,) times -> (B, dim) float32 [sin | cos] features with periods spaced geometrically in [min, max]."""
+    """(B,) times -> (B, dim) float32 [sin | cos] features with periods spaced geometrically in [min, max].
+
+    Computed in float64 (float32 on MPS, which has no float64) with openpi's / LeRobot's exact expression,
+    then rounded to float32 once: the short periods at t near 1 need more than float32's resolution.
+    """
     if dim % 2 != 0:
         raise ValueError(f"sinusoidal_time_embedding needs an even dim, got {dim}")
     if time.ndim != 1:
         raise ValueError(f"time must be (B,), got shape {tuple(time.shape)}")
-    # Computed in float32 outside autocast: bf16 cannot resolve the short periods at t near 1.
+    dtype = torch.float32 if time.device.type == "mps" else torch.float64
     with torch.autocast(device_type=time.device.type, enabled=False):
-        fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float32, device=time.device)
+        fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=time.device)
         period = min_period * (max_period / min_period) ** fraction
-        angles = time.float()[:, None] * (2.0 * math.pi / period)[None, :]
-        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+        scaling_factor = 1.0 / period * 2 * math.pi
+        angles = scaling_factor[None, :] * time[:, None].to(dtype)
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).to(torch.float32)
 
 
 VelocityFn = Callable[[Tensor, Tensor], Tensor]

@@ -22,6 +22,8 @@ from vla.types import Observation
 
 # Decoder layers get an explicit mask; SDPA takes a boolean one and runs on every backend.
 ATTENTION_IMPLEMENTATION = "sdpa"
+# The pad token id of PaliGemma's tokenizer and of vla.data.tokenizer (see PaliGemmaEmbedder).
+PAD_TOKEN_ID = 0
 
 
 def gemma_config(spec: GemmaSpec, *, vocab_size: int, rope_theta: float, rms_norm_eps: float) -> GemmaConfig:
@@ -74,11 +76,15 @@ class PaliGemmaEmbedder(nn.Module):
         self.vision_spec = vision
         self.vision_tower = SiglipVisionModel(siglip_config(vision))
         self.multi_modal_projector = nn.Linear(vision.width, width)
+        # Token 0 is the pad token (PaliGemma's and our tokenizers'): as in transformers' Gemma
+        # (padding_idx = pad_token_id = 0), its row gets no gradient from the lookup and starts at zero.
         self.embed_tokens = GemmaTextScaledWordEmbedding(
-            vocab_size, width, padding_idx=None, embed_scale=width**0.5
+            vocab_size, width, padding_idx=PAD_TOKEN_ID, embed_scale=width**0.5
         )
         # Unit-RMS token vectors after the sqrt(width) scale, like the projected (LayerNormed) image tokens.
         nn.init.normal_(self.embed_tokens.weight, std=width**-0.5)
+        with torch.no_grad():
+            self.embed_tokens.weight[PAD_TOKEN_ID].zero_()
 
     def forward(self, observation: Observation, cameras: tuple[str, ...]) -> tuple[Tensor, Tensor]:
         """Embed the prefix.

@@ -11,15 +11,18 @@ file must be known; otherwise one `CheckpointMismatchError` lists all problems.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from vla.models.config import Pi0Config
 from vla.models.openvla import OpenVLAPolicy
 from vla.models.pi0 import Pi0Policy
 
@@ -150,6 +153,18 @@ PALIGEMMA_KEYS_FOR_OPENVLA = KeyMap(
     aliases=_PALIGEMMA_ALIASES,
     substitutes=_PALIGEMMA_SUBSTITUTES,
     tied_copies={"lm_head.weight": "model.language_model.embed_tokens.weight"},
+)
+
+
+# This repository's own parameter names (a policy's state_dict(), as older `policy.safetensors` exports and
+# the OpenVLA-style export hold them: LeRobot has no OpenVLA policy whose names we could use instead).
+VLA_KEYS = KeyMap(name="vla (this repository's parameter names)", to_external=((r"^", ""),))
+
+LAYOUTS = ("lerobot_pi0", "paligemma", "vla")
+_LAYOUT_SIGNS = (
+    ("lerobot_pi0", re.compile(r"^(model\.)?paligemma_with_expert\.")),
+    ("vla", re.compile(r"^(prefix_embedder|layers\.\d+\.(vlm|expert)|vlm_norm|expert_norm)\.")),
+    ("paligemma", re.compile(r"^(model\.)?(vision_tower|multi_modal_projector|language_model)\.")),
 )
 
 
@@ -301,6 +316,59 @@ def load_paligemma_weights(policy: Pi0Policy | OpenVLAPolicy, path: str | Path) 
     return _load(policy, read_safetensors(path), key_map, str(path))
 
 
+def detect_layout(keys: list[str] | set[str], source: str = "the checkpoint") -> str:
+    """Which of LAYOUTS a checkpoint's keys are spelled in (LeRobot/openpi pi0, transformers PaliGemma,
+    or this repository's own names); raises ValueError naming a few keys when none fits."""
+    for layout, sign in _LAYOUT_SIGNS:
+        if any(sign.match(key) for key in keys):
+            return layout
+    shown = sorted(keys)[:5]
+    raise ValueError(
+        f"cannot tell the layout of {source} from its keys (e.g. {shown}): it is neither LeRobot/openpi pi0 "
+        "(paligemma_with_expert.*), transformers PaliGemma (vision_tower.*, language_model.*) nor a vla export "
+        "(prefix_embedder.*, layers.N.*); set model.weights_format to one of "
+        f"{list(LAYOUTS)} if you know it"
+    )
+
+
+def _read_with_ties(path: str | Path) -> dict[str, Tensor]:
+    """read_safetensors plus the tied names a vla export stored once (its "tied" metadata)."""
+    tensors = read_safetensors(path)
+    for file in _checkpoint_files(path):
+        with safe_open(str(file), framework="pt") as handle:
+            tied = json.loads((handle.metadata() or {}).get("tied", "{}"))
+        for name, kept in tied.items():
+            tensors[name] = tensors[kept]
+    return tensors
+
+
+def load_weights(policy: Pi0Policy | OpenVLAPolicy, path: str | Path, layout: str = "auto") -> LoadReport:
+    """Load any checkpoint this repository understands into `policy`, strictly (see `_load`).
+
+    layout: "auto" (detected from the keys, see `detect_layout`), "lerobot_pi0" (LeRobot / openpi pi0,
+    including our own pi0 exports), "paligemma" (transformers PaliGemma: the prefix of pi0, everything of
+    the OpenVLA-style policy) or "vla" (our own parameter names: older exports, OpenVLA-style exports).
+    """
+    _require_policy(policy, (Pi0Policy, OpenVLAPolicy), "load_weights")
+    if layout not in ("auto", *LAYOUTS):
+        raise ValueError(f"unknown checkpoint layout {layout!r}; use 'auto' or one of {list(LAYOUTS)}")
+    tensors = _read_with_ties(path)
+    if layout == "auto":
+        layout = detect_layout(set(tensors), str(path))
+    if layout == "lerobot_pi0":
+        if not isinstance(policy, Pi0Policy):
+            raise ValueError(
+                f"{path} is a LeRobot/openpi pi0 checkpoint; it cannot initialise the OpenVLA-style policy "
+                f"{type(policy).__name__}: use a transformers PaliGemma checkpoint or a model=pi0* preset"
+            )
+        key_map = PI0_OPENPI_KEYS
+    elif layout == "paligemma":
+        key_map = PALIGEMMA_KEYS_FOR_PI0 if isinstance(policy, Pi0Policy) else PALIGEMMA_KEYS_FOR_OPENVLA
+    else:
+        key_map = VLA_KEYS
+    return _load(policy, tensors, key_map, str(path))
+
+
 def _output_file(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix == ".safetensors":
@@ -319,27 +387,70 @@ def _external_state(policy: nn.Module, key_map: KeyMap, prefix: str = "") -> dic
     return out
 
 
+def pi0_lerobot_tensors(
+    state: Mapping[str, Tensor],
+    config: Pi0Config,
+    *,
+    lerobot_prefix: bool = True,
+    write_unused_keys: bool = True,
+) -> dict[str, Tensor]:
+    """A pi0 state dict (our names, e.g. a gathered full state dict) renamed to the LeRobot pi0 layout.
+
+    write_unused_keys adds the tensors LeRobot's PI0Policy holds but never uses (the tied PaliGemma LM
+    head and a zero expert vocabulary table, vocab_size x expert width), so its strict load accepts it.
+    Raises KeyError naming a parameter the layout needs that `state` lacks.
+    """
+    prefix = LEROBOT_PREFIX if lerobot_prefix else ""
+    out: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        external = PI0_OPENPI_KEYS.external_name(name)
+        if external is not None:
+            out[prefix + external] = tensor.detach().cpu().contiguous()
+    embed_key = "prefix_embedder.embed_tokens.weight"
+    if embed_key not in state:
+        raise KeyError(f"the pi0 state dict has no {embed_key!r}; pass the policy's full state_dict()")
+    if write_unused_keys:
+        embed = state[embed_key].detach().cpu()
+        out[prefix + "paligemma_with_expert.paligemma.lm_head.weight"] = embed.clone()
+        out[prefix + _EXPERT_IN_PI0 + "lm_head.weight"] = torch.zeros(
+            config.vocab_size, config.expert.width, dtype=embed.dtype
+        )
+    return out
+
+
+def lerobot_pi0_key_set(config: Pi0Config, *, lerobot_prefix: bool = True) -> set[str]:
+    """Every key LeRobot's PI0Policy state dict holds for a policy of this config (its strict load needs
+    exactly these): our parameters renamed, plus the tied LM head and the expert's vocabulary table."""
+    with torch.device("meta"):
+        names = list(Pi0Policy(config).state_dict())
+    prefix = LEROBOT_PREFIX if lerobot_prefix else ""
+    keys = {prefix + external for name in names if (external := PI0_OPENPI_KEYS.external_name(name))}
+    return keys | {
+        prefix + "paligemma_with_expert.paligemma.lm_head.weight",
+        prefix + _EXPERT_IN_PI0 + "lm_head.weight",
+    }
+
+
 def save_pi0_weights(
-    policy: Pi0Policy, path: str | Path, *, lerobot_prefix: bool = True, write_unused_keys: bool = True
+    policy: Pi0Policy,
+    path: str | Path,
+    *,
+    lerobot_prefix: bool = True,
+    write_unused_keys: bool = True,
+    metadata: Mapping[str, str] | None = None,
 ) -> Path:
     """Write `policy` in the LeRobot pi0 layout (openpi's when lerobot_prefix=False); returns the file.
 
     write_unused_keys adds the tensors LeRobot's PI0Policy holds but never uses (the tied PaliGemma LM head
     and a zero expert vocabulary table, vocab_size x expert width), so its strict load accepts the file.
-    `path`: a .safetensors file, or a directory that gets model.safetensors.
+    `path`: a .safetensors file, or a directory that gets model.safetensors. metadata: extra header entries.
     """
     _require_policy(policy, Pi0Policy, "save_pi0_weights")
-    prefix = LEROBOT_PREFIX if lerobot_prefix else ""
-    tensors = _external_state(policy, PI0_OPENPI_KEYS, prefix)
-    if write_unused_keys:
-        embed = policy.prefix_embedder.embed_tokens.weight.detach().cpu()
-        tensors[prefix + "paligemma_with_expert.paligemma.lm_head.weight"] = embed.clone()
-        config = policy.config
-        tensors[prefix + _EXPERT_IN_PI0 + "lm_head.weight"] = torch.zeros(
-            config.vocab_size, config.expert.width, dtype=embed.dtype
-        )
+    tensors = pi0_lerobot_tensors(
+        policy.state_dict(), policy.config, lerobot_prefix=lerobot_prefix, write_unused_keys=write_unused_keys
+    )
     file = _output_file(path)
-    save_file(tensors, str(file), metadata={"format": "pt"})
+    save_file(tensors, str(file), metadata={"format": "pt", **(metadata or {})})
     return file
 
 

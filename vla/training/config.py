@@ -72,8 +72,10 @@ class ModelConfig:
 
     overrides: any policy config field, nested ones as partial dicts (`{"vlm": {"depth": 4}}`);
         build_policy rejects unknown keys by name.
-    weights: a local checkpoint to start from; weights_format "lerobot_pi0" (LeRobot/openpi pi0
-        safetensors) or "paligemma" (transformers' PaliGemma layout, prefix only).
+    weights: a local checkpoint (.safetensors file or directory of shards) to start from: LeRobot/openpi
+        pi0, transformers PaliGemma (pi0: the prefix only) or a policy.safetensors of ours (old or new).
+    weights_format: "auto" (detected from the keys), or force "lerobot_pi0" | "paligemma" | "vla"
+        (this repository's own parameter names).
     """
 
     preset: str = "pi0_small"
@@ -82,11 +84,11 @@ class ModelConfig:
     train_expert_only: bool = False
     gradient_checkpointing: bool = False
     weights: str | None = None
-    weights_format: str = "lerobot_pi0"
+    weights_format: str = "auto"
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "model.")
-        _choice("model.weights_format", self.weights_format, ("lerobot_pi0", "paligemma"))
+        _choice("model.weights_format", self.weights_format, ("auto", "lerobot_pi0", "paligemma", "vla"))
 
     def policy_overrides(self) -> dict[str, Any]:
         out = dict(self.overrides)
@@ -220,8 +222,8 @@ class DataConfig:
     """Where the LeRobot v3.0 dataset is and how its features map onto the policy.
 
     camera_map: dataset image key -> the model's camera name (see the model preset's cameras).
-    norm_modes: feature -> MEAN_STD | MIN_MAX | QUANTILES | IDENTITY; null picks the policy's default
-        (pi0: MEAN_STD for state and action; OpenVLA-style: QUANTILES for action).
+    norm_modes: feature -> MEAN_STD | MIN_MAX | QUANTILES | IDENTITY; features not listed get the policy's
+        default (pi0: MEAN_STD for state and action; OpenVLA-style: QUANTILES for action).
     """
 
     source: str = "synthetic"
@@ -231,7 +233,7 @@ class DataConfig:
     camera_map: dict[str, str] = field(default_factory=dict)
     state_key: str | None = "observation.state"
     action_key: str = "action"
-    norm_modes: dict[str, str] | None = None
+    norm_modes: dict[str, str] = field(default_factory=dict)
     tokenizer_path: str | None = None
     max_prompt_length: int = 24
     num_workers: int = 2
@@ -246,7 +248,7 @@ class DataConfig:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         _positive("data.num_workers", self.num_workers, allow_zero=True)
         _positive("data.max_prompt_length", self.max_prompt_length)
-        for feature, mode in (self.norm_modes or {}).items():
+        for feature, mode in self.norm_modes.items():
             _choice(f"data.norm_modes[{feature!r}]", mode, NORM_MODES)
 
 
@@ -284,6 +286,7 @@ class TrainerConfig:
     stop_grace_s: after SIGINT/SIGTERM inside a training step, how long to wait for the step to end
         (then a checkpoint is saved and the run stops); past it, or outside a step (building data,
         validation, evaluation), the run stops at once without saving (see vla.training.guards).
+    warmup_steps: linear warmup; one as long as the run is shortened to 10% of it (with a log line).
     """
 
     steps: int = 100
@@ -339,11 +342,6 @@ class TrainerConfig:
             _positive("trainer.clip_grad_norm", self.clip_grad_norm)
         if self.ema_decay is not None and not 0.0 < self.ema_decay < 1.0:
             raise ValueError(f"trainer.ema_decay must be in (0, 1) or null, got {self.ema_decay}")
-        if self.warmup_steps >= self.steps and self.schedule != "constant":
-            raise ValueError(
-                f"trainer.warmup_steps ({self.warmup_steps}) must be < trainer.steps ({self.steps}); "
-                "shorten the warmup or train longer"
-            )
 
 
 @dataclass
@@ -406,25 +404,14 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
 CONFIG_DIR = "configs"
 
 
-def _job_suffix() -> str:
-    """'' for a single run, '_<job number>' inside a Hydra multirun (distinct output dirs per job)."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf.errors import MissingMandatoryValue
-
-    try:
-        num = HydraConfig.get().job.num
-    except (ValueError, MissingMandatoryValue):  # no Hydra context, or a single run (num unset)
-        return ""
-    return "" if num is None else f"_{num}"
-
-
 def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore and the `${job_suffix:}` resolver (idempotent)."""
+    """Register the schema with Hydra's ConfigStore (idempotent); its dict-valued fields take new keys
+    (see vla.training.cli)."""
     from hydra.core.config_store import ConfigStore
-    from omegaconf import OmegaConf
 
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
-    OmegaConf.register_new_resolver("job_suffix", _job_suffix, replace=True)
+    from vla.training.cli import schema_node
+
+    ConfigStore.instance().store(name="train_schema", node=schema_node(TrainConfig))
 
 
 def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
@@ -474,8 +461,16 @@ def compose_many(override_sets: list[list[str]], config_dir: str | None = None) 
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    from vla.training.cli import replace_dict_overrides, resolve_run_dir
+
     register_configs()
     directory = Path(config_dir) if config_dir else Path(__file__).resolve().parents[2] / CONFIG_DIR
     GlobalHydra.instance().clear()
+    configs = []
     with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
-        return [to_train_config(hydra_compose(config_name="config", overrides=o)) for o in override_sets]
+        for overrides in override_sets:
+            cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+            resolve_run_dir(cfg)  # output_dir as a run of train.py would get it (no directory is made)
+            replace_dict_overrides(cfg, overrides, TrainConfig)
+            configs.append(to_train_config(cfg))
+    return configs

@@ -40,7 +40,9 @@ def _generate(cfg: DataConfig, root: Path) -> None:
         from vla.sim.demos import MARKER_PATH, ensure_sim_dataset
 
         if not (root / MARKER_PATH).is_file():
-            print(f"recording MetaWorld demonstrations into {root} (first use, a few minutes) ...", flush=True)
+            print(
+                f"recording MetaWorld demonstrations into {root} (first use, a few minutes) ...", flush=True
+            )
         ensure_sim_dataset(root, demo_config(cfg))
         return
     s = cfg.synthetic
@@ -75,11 +77,9 @@ def dataset_root(cfg: DataConfig, rank: int) -> Path:
 
 def processor_config(cfg: DataConfig, policy_config: Any) -> ProcessorConfig:
     defaults = DEFAULT_NORM_MODES[policy_config.kind]
-    norm_modes = dict(cfg.norm_modes) if cfg.norm_modes is not None else {}
-    if cfg.norm_modes is None:
-        if cfg.state_key:
-            norm_modes[cfg.state_key] = defaults["state"]
-        norm_modes[cfg.action_key] = defaults["action"]
+    norm_modes = {cfg.state_key: defaults["state"]} if cfg.state_key else {}
+    norm_modes[cfg.action_key] = defaults["action"]
+    norm_modes.update(cfg.norm_modes)  # data.norm_modes overrides the policy's defaults per feature
     if not cfg.camera_map:
         raise ValueError(
             "data.camera_map is empty: map the dataset's camera keys onto the model's cameras "

@@ -37,7 +37,7 @@ from vla.training.guards import (
     start_launcher_watchdog,
 )
 from vla.training.noise import flow_matching_inputs
-from vla.training.optim import build_optimizer, build_scheduler
+from vla.training.optim import build_optimizer, build_scheduler, effective_warmup
 from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.resume import check_resume, dataset_fingerprint, flatten, truncate_metrics
 from vla.training.runlock import acquire_run_lock
@@ -100,10 +100,15 @@ def _mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
 
 
 def _shared_output_dir(path: str, device: torch.device) -> Path:
-    """Rank 0's output directory, for every rank (their `${now:}` may differ by a second)."""
+    """Rank 0's output directory, for every rank (their `${now:}` may differ by a second); a rank whose
+    own choice differs removes the empty directory Hydra made for it."""
+    from vla.training.cli import remove_if_empty
+
     box = [path]
     if dist.is_available() and dist.is_initialized():
         dist.broadcast_object_list(box, src=0)
+    if os.path.abspath(path) != os.path.abspath(box[0]):
+        remove_if_empty(path)
     return Path(box[0])
 
 
@@ -152,6 +157,7 @@ class Trainer:
             world=self.world,
             device=self.device,
         )
+        _set_action_dim_from_data(policy, self.data.processor.action_dim)
         optimizer = build_optimizer(cfg.optim, policy)
         self.routing = _describe_routing(optimizer)
         self.model, self.optimizer = prepare(acc, policy, optimizer)
@@ -360,7 +366,7 @@ class Trainer:
         if report is None:
             return None
         scalars = report.pop("scalars")
-        self.tracker.log(self.step - 1, scalars, prefix="eval")
+        self.tracker.log(self.step, scalars, prefix="eval")
         if self.is_main:
             if final:
                 (self.output_dir / "closed_loop.json").write_text(json.dumps(report, indent=1))
@@ -388,6 +394,9 @@ class Trainer:
             f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
         )
         self.tracker.print(self.routing)
+        _, warmup_note = effective_warmup(cfg)
+        if warmup_note:
+            self.tracker.print(warmup_note)
         self.maybe_resume()
         self._write_run_files()  # after the resume checks: a refused resume leaves config.yaml as it was
         iterator = self.data.train.forever()
@@ -443,11 +452,11 @@ class Trainer:
                         "optimizer_comm_s": times.optimizer_comm_s,
                     }
                     record.update({k: v for k, v in zip(metrics, metric_means) if k != "loss"})
-                    self.tracker.log(self.step - 1, record)
+                    self.tracker.log(self.step, record)
                 if self.step % cfg.val_every == 0 or self.step == cfg.steps:
                     val_loss = self.validate()
                     if val_loss is not None:
-                        self.tracker.log(self.step - 1, {"loss": val_loss}, prefix="val")
+                        self.tracker.log(self.step, {"loss": val_loss}, prefix="val")
                 every = cfg.closed_loop.every
                 if every and self.step % every == 0 and self.step != cfg.steps:
                     self.evaluate_closed_loop(final=False)
@@ -468,7 +477,7 @@ class Trainer:
             open_loop = self.evaluate_open_loop()
             if open_loop is not None:
                 scalars = {k: v for k, v in open_loop.items() if not isinstance(v, list)}
-                self.tracker.log(self.step - 1, scalars, prefix="eval")
+                self.tracker.log(self.step, scalars, prefix="eval")
                 check_finite_metrics(
                     {f"open-loop {k}": v for k, v in scalars.items()},
                     step=self.step,
@@ -479,11 +488,22 @@ class Trainer:
                 )
         export = None
         if cfg.export_safetensors and stopped is None:
-            export = self.output_dir / "policy.safetensors"
-            metadata = {"policy_config": json.dumps(unwrap(self.model).config.to_dict())}
+            from vla.training.export import export_policy, lerobot_unsupported, run_lerobot_config
+
+            policy_config = unwrap(self.model).config
             ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
             with ema:
-                self.checkpoints.export_safetensors(unwrap(self.model), export, metadata=metadata)
+                export = export_policy(
+                    self.model,
+                    self.output_dir,
+                    rank=self.rank,
+                    lerobot_config=run_lerobot_config(policy_config, self.data),
+                )
+            if policy_config.kind == "pi0" and lerobot_unsupported(policy_config):
+                self.tracker.print(
+                    f"export: LeRobot-named weights, but no pretrained_model/ (LeRobot cannot build this size: "
+                    f"{lerobot_unsupported(policy_config)})"
+                )
         # After the export, so a failing simulator never costs the trained policy.
         closed_loop = self.evaluate_closed_loop(final=True) if stopped is None else None
         summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop, closed_loop)
@@ -647,13 +667,21 @@ def _describe_routing(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
-    from vla.models.weights import load_paligemma_weights, load_pi0_weights
+    from vla.models.weights import load_weights
 
     if not Path(path).exists():
         raise FileNotFoundError(
             f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
         )
-    (load_pi0_weights if fmt == "lerobot_pi0" else load_paligemma_weights)(policy, path)
+    load_weights(policy, path, fmt)
+
+
+def _set_action_dim_from_data(policy: torch.nn.Module, action_dim: int) -> None:
+    """OpenVLA-style presets leave action_dim unset: take the dataset's, so sampling without a Batch
+    (evaluation, the export, closed loop) knows how many dims to decode."""
+    config = policy.config
+    if getattr(config, "kind", None) == "openvla" and config.action_dim is None:
+        policy.config = config.replace(action_dim=action_dim)
 
 
 def run(cfg: TrainConfig) -> Summary:

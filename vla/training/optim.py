@@ -50,13 +50,33 @@ def build_optimizer(cfg: OptimConfig, policy: nn.Module) -> torch.optim.Optimize
     )
 
 
+WARMUP_FRACTION_WHEN_CLAMPED = 0.1
+
+
+def effective_warmup(cfg: TrainerConfig) -> tuple[int, str | None]:
+    """Warmup steps the schedule uses, and a note when trainer.warmup_steps had to be shortened.
+
+    A warmup as long as the run (trainer.warmup_steps >= trainer.steps, e.g. `trainer.steps=6` with the
+    default 10) would never reach the peak lr: it becomes 10% of the run instead.
+    """
+    if cfg.warmup_steps < cfg.steps:
+        return cfg.warmup_steps, None
+    warmup = int(cfg.steps * WARMUP_FRACTION_WHEN_CLAMPED)
+    return warmup, (
+        f"trainer.warmup_steps={cfg.warmup_steps} is not shorter than trainer.steps={cfg.steps}: warming up "
+        f"for {warmup} step(s) ({WARMUP_FRACTION_WHEN_CLAMPED:.0%} of the run) instead; set "
+        "trainer.warmup_steps below trainer.steps to choose"
+    )
+
+
 def lr_multiplier(step: int, cfg: TrainerConfig) -> float:
     """Linear warmup to 1, then cosine / linear decay to min_lr_ratio at the last step (or constant)."""
-    if step < cfg.warmup_steps:
-        return (step + 1) / (cfg.warmup_steps + 1)
+    warmup, _ = effective_warmup(cfg)
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps - 1))
+    progress = min(1.0, (step - warmup) / max(1, cfg.steps - warmup - 1))
     if cfg.schedule == "linear":
         shape = 1.0 - progress
     else:

@@ -22,7 +22,10 @@ from rich.progress import (
 
 
 class Tracker:
-    """Writes one JSON object per logged step to `metrics.jsonl` (and the same scalars elsewhere)."""
+    """Writes one JSON object per logged step to `metrics.jsonl` (and the same scalars elsewhere).
+
+    `step` is the number of optimizer steps done (1..N), as in the console and checkpoints/step_N.
+    """
 
     def __init__(
         self,
@@ -90,13 +93,11 @@ class Tracker:
         if prefix == "train":
             status = "  ".join(f"{k} {metrics[k]:.4g}" for k in ("loss", "lr", "step_s") if k in metrics)
             if self._progress is not None:
-                self._progress.update(self._task, completed=step + 1, status=status)
+                self._progress.update(self._task, completed=step, status=status)
             else:
-                self.console.print(f"step {step + 1}: {status}", highlight=False, markup=False)
+                self.console.print(f"step {step}: {status}", highlight=False, markup=False)
         else:
-            self.print(
-                f"[{prefix}] step {step + 1}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            )
+            self.print(f"[{prefix}] step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
     def print(self, text: str) -> None:
         if self.enabled:

@@ -1,0 +1,42 @@
+"""`python -m vla.launch [torchrun options] train.py [overrides]`: torchrun, with a quiet ending.
+
+Takes exactly torchrun's arguments and runs torchrun (`torch.distributed.run`) in this process. What it
+changes is how the launcher ends:
+- Ctrl-C / SIGTERM: torchrun forwards the signal to the workers, which finish their step, save a
+  checkpoint and exit; torchrun itself then raises SignalException (a traceback, exit status 1). Here that
+  becomes one line and exit status 130 (SIGINT) or 143 (SIGTERM), the shell's convention.
+- A failed worker: the first rank that failed has already printed its error (vla.training.cli); instead of
+  torchrun's ChildFailedError report, one line names the failed ranks and their exit codes (exit status 1).
+Plain `torchrun` works the same otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    # torchrun's own log lines ("Sending process ... closing signal", "failed (exitcode: 1)") repeat what the
+    # one line below says; rendezvous and worker-group problems still surface as exceptions.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    try:
+        torchrun(argv)
+    except SignalException as exc:
+        print(f"vla.launch: stopped by {exc.sigval.name}; the workers saved a checkpoint", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    except ChildFailedError as exc:
+        failed = ", ".join(
+            f"rank {rank} (exit code {f.exitcode})" for rank, f in sorted(exc.failures.items())
+        )
+        print(f"vla.launch: failed: {failed}; the error is printed above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""What train.py adds around Hydra: dict-valued overrides, Hydra's output directory, one error per run.
+
+Dict-valued fields (`data.camera_map`, `data.norm_modes`, `model.overrides`) take a plain `key={...}` on the
+command line, and it replaces the dict (Hydra would merge it into the preset's, and refuse new keys under
+struct mode): the schema node of each such field is not in struct mode (`schema_node`), and
+`replace_dict_overrides` assigns the command line's value after composing.
+
+The output directory is Hydra's: `output_dir` defaults to `${hydra:runtime.output_dir}`, i.e. `hydra.run.dir`
+for a run and `hydra.sweep.dir/hydra.sweep.subdir` for each job of a `-m` sweep; `output_dir=...` still
+overrides it (the empty directory Hydra created is then removed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import types
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+
+def dict_field_paths(schema: type, prefix: str = "") -> list[str]:
+    """Dotted paths of every dict-valued field of a dataclass schema (nested dataclasses included)."""
+    hints = typing.get_type_hints(schema)
+    paths = []
+    for f in dataclasses.fields(schema):
+        kind = hints[f.name]
+        union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+        options = typing.get_args(kind) if union else (kind,)
+        if any(typing.get_origin(o) is dict or o is dict for o in options):
+            paths.append(prefix + f.name)
+        elif dataclasses.is_dataclass(kind):
+            paths.extend(dict_field_paths(kind, f"{prefix}{f.name}."))
+    return paths
+
+
+def schema_node(schema: type) -> Any:
+    """The structured config of `schema` with its dict-valued fields out of struct mode (new keys allowed)."""
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(schema)
+    for path in dict_field_paths(schema):
+        parent, _, leaf = path.rpartition(".")
+        container = OmegaConf.select(node, parent) if parent else node
+        OmegaConf.set_struct(container._get_node(leaf), False)
+    return node
+
+
+def replace_dict_overrides(cfg: Any, overrides: Iterable[str], schema: type) -> None:
+    """Give each `key={...}` (or `++key={...}`) override of a dict-valued field exactly that dict."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    paths = set(dict_field_paths(schema))
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    for override in parsed:
+        key = override.key_or_group
+        if key not in paths or override.is_delete() or override.is_add():
+            continue
+        value = override.value()
+        if isinstance(value, dict):
+            with open_dict(cfg):
+                OmegaConf.update(cfg, key, value, merge=False)
+
+
+def resolve_run_dir(cfg: Any) -> None:
+    """For compose() outside @hydra.main: set hydra.runtime.output_dir as Hydra's run_job would (the
+    absolute hydra.run.dir), resolve output_dir against it, and drop the `hydra` node."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = os.path.abspath(str(cfg.hydra.run.dir))
+    HydraConfig.instance().set_config(cfg)
+    output_dir = str(cfg.output_dir)
+    with open_dict(cfg):
+        del cfg["hydra"]
+        cfg.output_dir = output_dir
+
+
+def remove_if_empty(path: str | Path | None) -> None:
+    """Remove a directory Hydra created for this run if nothing was written into it."""
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        Path(path).rmdir()  # only succeeds on an empty directory
+
+
+def hydra_output_dir() -> str | None:
+    """Hydra's run (or sweep job) directory, when running under @hydra.main."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return str(HydraConfig.get().runtime.output_dir)
+
+
+class LaunchError(RuntimeError):
+    """The launcher started a different number of processes than it was asked for."""
+
+
+def _parent_num_processes(pid: int | None = None) -> int | None:
+    """`--num_processes N` / `--num-processes=N` on the parent's command line (Linux /proc), else None."""
+    try:
+        raw = Path(f"/proc/{pid or os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return None
+    words = raw.decode(errors="replace").split("\0")
+    for i, word in enumerate(words):
+        for flag in ("--num_processes", "--num-processes"):
+            value = words[i + 1] if word == flag and i + 1 < len(words) else None
+            if word.startswith(flag + "="):
+                value = word.split("=", 1)[1]
+            if value is not None and value.isdigit():
+                return int(value)
+    return None
+
+
+def check_launch() -> None:
+    """Refuse the silent single process of `accelerate launch --num_processes N` (N > 1) without
+    `--multi_gpu` on a machine without several GPUs (Accelerate then runs the script once, world size 1)."""
+    if "ACCELERATE_USE_CPU" not in os.environ or "WORLD_SIZE" in os.environ:
+        return  # not accelerate's single-process launcher
+    requested = _parent_num_processes()
+    if requested and requested > 1:
+        raise LaunchError(
+            f"accelerate launch was asked for {requested} processes but started one (without --multi_gpu it "
+            "runs a single process when it finds fewer than 2 GPUs); launch with `accelerate launch --multi_gpu "
+            f"--num_processes {requested} train.py ...` (CPU or GPU) or `torchrun --standalone --nproc_per_node "
+            f"{requested} train.py ...`"
+        )
+
+
+def _error_marker() -> Path | None:
+    """A file the first failing rank of a multi-process run creates (torchrun / accelerate set the id)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not run_id:
+        return None
+    # The workers of one launch share their launcher (the parent process), its run id (only unique with
+    # --standalone), its master port and the restart count.
+    launch = "-".join(
+        [
+            run_id,
+            str(os.getppid()),
+            os.environ.get("MASTER_PORT", ""),
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+        ]
+    )
+    return Path(tempfile.gettempdir()) / f"vla-run-{launch}.error"
+
+
+def report_once(exc: BaseException) -> bool:
+    """Under a multi-process launch, whether this rank reports `exc` (the first rank to fail does; ranks
+    failing later with the same message stay quiet, with another one they print one line)."""
+    marker = _error_marker()
+    if marker is None:
+        return True
+    message = f"{type(exc).__name__}: {exc}"
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            first = marker.read_text()
+            if first and first != message:
+                rank = os.environ.get("RANK", "?")
+                print(
+                    f"[rank {rank}] failed too: {message.splitlines()[0][:300]}", file=sys.stderr, flush=True
+                )
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(message)
+    print(f"[rank {os.environ.get('RANK', '?')}] failed:", file=sys.stderr, flush=True)
+    return True
+
+
+def main(cfg: Any) -> int:
+    """The body of train.py's @hydra.main: one error report per run, no empty directories left behind.
+
+    Returns the exit code (vla.training.guards): EXIT_FINISHED, or EXIT_STOPPED after SIGINT/SIGTERM;
+    failures raise (exit 1).
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from vla.training.config import TrainConfig, to_train_config
+    from vla.training.guards import EXIT_FINISHED, EXIT_STOPPED, StopRequested
+    from vla.training.loop import run
+
+    hydra_dir = hydra_output_dir()
+    try:
+        check_launch()
+        replace_dict_overrides(cfg, HydraConfig.get().overrides.task, TrainConfig)
+        train_config = to_train_config(cfg)
+        if hydra_dir and os.path.abspath(train_config.output_dir) != os.path.abspath(hydra_dir):
+            remove_if_empty(hydra_dir)  # output_dir=... was given: Hydra's directory stays unused
+        summary = run(train_config)
+    except StopRequested as stop:
+        print(f"vla: {stop}", file=sys.stderr, flush=True)
+        return EXIT_STOPPED
+    except Exception as exc:
+        remove_if_empty(hydra_dir)  # a run that failed at start-up leaves no empty directory
+        if not report_once(exc):
+            raise SystemExit(1) from None  # another rank reported it (Hydra would print it again)
+        raise
+    if summary.stopped_early:
+        print(
+            f"vla: {summary.stopped_early}; resume with trainer.resume=auto (exit code 130)", file=sys.stderr
+        )
+        return EXIT_STOPPED
+    return EXIT_FINISHED
+
+
+__all__ = [
+    "LaunchError",
+    "check_launch",
+    "dict_field_paths",
+    "main",
+    "remove_if_empty",
+    "replace_dict_overrides",
+    "report_once",
+    "resolve_run_dir",
+    "schema_node",
+]

@@ -1,0 +1,247 @@
+"""The end-of-run policy export: a LeRobot pi0 checkpoint, plus what we need to rebuild the exact policy.
+
+pi0 runs write
+    policy.safetensors              LeRobot's PI0Policy names (`model.paligemma_with_expert...`, the keys its
+                                    strict load requires, see vla.models.weights.lerobot_pi0_key_set), with
+                                    our policy config as JSON in the header ("policy_config")
+    pretrained_model/model.safetensors  the same file (a hard link), and
+    pretrained_model/config.json    LeRobot's PI0Config, so `PI0Policy.from_pretrained(run/pretrained_model)`
+                                    works as for LeRobot's own training outputs. Written when LeRobot can
+                                    build the architecture: its PI0Config only knows the full-size towers
+                                    (PaliGemma gemma_2b / gemma_300m, SigLIP So400m/14), so the small presets
+                                    get the LeRobot-named policy.safetensors only (and a log line says why).
+OpenVLA-style runs keep our own parameter names in policy.safetensors (LeRobot has no OpenVLA policy).
+Both load back with `vla.eval.policy_runner.load_exported_policy` and as `model.weights=`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from vla.models.config import (
+    GEMMA_2B,
+    GEMMA_300M,
+    PALIGEMMA_VOCAB_SIZE,
+    SIGLIP_SO400M_14_224,
+    Pi0Config,
+    PolicyConfig,
+)
+from vla.models.weights import pi0_lerobot_tensors
+
+EXPORT_FILE = "policy.safetensors"
+LEROBOT_DIR = "pretrained_model"
+LEROBOT_WEIGHTS = "model.safetensors"
+LEROBOT_CONFIG = "config.json"
+_GEMMA_VARIANTS = {"gemma_2b": GEMMA_2B, "gemma_300m": GEMMA_300M}
+
+
+def lerobot_unsupported(config: PolicyConfig) -> str | None:
+    """Why LeRobot's PI0Config cannot describe this policy, or None when it can."""
+    if not isinstance(config, Pi0Config):
+        return f"LeRobot has no {config.kind} policy"
+    reasons = []
+    for name, spec in (("vlm", config.vlm), ("expert", config.expert)):
+        if spec not in _GEMMA_VARIANTS.values():
+            reasons.append(f"{name} is not gemma_2b / gemma_300m")
+    vision = config.vision
+    if (vision.width, vision.depth, vision.mlp_dim, vision.num_heads, vision.patch_size) != (
+        SIGLIP_SO400M_14_224.width,
+        SIGLIP_SO400M_14_224.depth,
+        SIGLIP_SO400M_14_224.mlp_dim,
+        SIGLIP_SO400M_14_224.num_heads,
+        SIGLIP_SO400M_14_224.patch_size,
+    ):
+        reasons.append("the vision tower is not SigLIP So400m/14")
+    if config.vocab_size != PALIGEMMA_VOCAB_SIZE:
+        reasons.append(f"vocab_size is {config.vocab_size}, not PaliGemma's {PALIGEMMA_VOCAB_SIZE}")
+    if config.rope_theta != 10_000.0 or config.rms_norm_eps != 1e-6:
+        reasons.append("rope_theta / rms_norm_eps differ from Gemma's")
+    return "; ".join(reasons) or None
+
+
+def _variant(spec: Any) -> str:
+    return next(name for name, known in _GEMMA_VARIANTS.items() if known == spec)
+
+
+def _visual_shape(feature: dict[str, Any]) -> list[int]:
+    """LeRobot dataset image shape (H, W, C as `names` say) -> the policy feature's (C, H, W)."""
+    shape = list(feature["shape"])
+    names = list(feature.get("names") or [])
+    if len(shape) == 3 and names[-1:] in (["channels"], ["channel"]):
+        return [shape[2], shape[0], shape[1]]
+    return shape
+
+
+def lerobot_pi0_config(
+    config: Pi0Config,
+    *,
+    features: dict[str, dict[str, Any]],
+    camera_map: dict[str, str],
+    state_key: str | None,
+    action_key: str,
+    norm_modes: dict[str, str],
+    tokenizer_max_length: int,
+) -> dict[str, Any]:
+    """LeRobot's PI0Config (the `config.json` of PI0Policy.from_pretrained) for a policy of this config.
+
+    Only fields LeRobot's PI0Config has (0.4.x and later) are written; the rest keep LeRobot's defaults.
+    Cameras appear in the policy's camera order; model cameras no dataset key maps to become
+    `empty_cameras`. Raises ValueError when LeRobot cannot build the architecture (see lerobot_unsupported).
+    """
+    reason = lerobot_unsupported(config)
+    if reason:
+        raise ValueError(f"LeRobot's PI0Config cannot describe this policy: {reason}")
+    by_camera = {camera: key for key, camera in camera_map.items()}
+    inputs: dict[str, Any] = {}
+    for camera in config.cameras:
+        key = by_camera.get(camera)
+        if key is not None:
+            inputs[key] = {"type": "VISUAL", "shape": _visual_shape(features[key])}
+    if state_key:
+        inputs[state_key] = {"type": "STATE", "shape": list(features[state_key]["shape"])}
+    outputs = {action_key: {"type": "ACTION", "shape": list(features[action_key]["shape"])}}
+    size = config.vision.image_size
+    return {
+        "type": "pi0",
+        "n_obs_steps": 1,
+        "input_features": inputs,
+        "output_features": outputs,
+        "device": None,
+        "use_amp": False,
+        "push_to_hub": False,
+        "repo_id": None,
+        "paligemma_variant": _variant(config.vlm),
+        "action_expert_variant": _variant(config.expert),
+        "dtype": "float32",
+        "chunk_size": config.action_horizon,
+        "n_action_steps": config.action_horizon,
+        "max_state_dim": config.max_state_dim,
+        "max_action_dim": config.max_action_dim,
+        "num_inference_steps": config.num_inference_steps,
+        "time_sampling_beta_alpha": config.time_beta_alpha,
+        "time_sampling_beta_beta": config.time_beta_beta,
+        "time_sampling_scale": 1.0 - config.time_min,
+        "time_sampling_offset": config.time_min,
+        "min_period": config.time_min_period,
+        "max_period": config.time_max_period,
+        "image_resolution": [size, size],
+        "empty_cameras": len(config.cameras) - sum(c in by_camera for c in config.cameras),
+        "normalization_mapping": {
+            "VISUAL": "IDENTITY",
+            "STATE": norm_modes.get(state_key, "MEAN_STD") if state_key else "MEAN_STD",
+            "ACTION": norm_modes.get(action_key, "MEAN_STD"),
+        },
+        "gradient_checkpointing": config.gradient_checkpointing,
+        "freeze_vision_encoder": config.freeze_vision_tower,
+        "train_expert_only": config.train_expert_only,
+        "tokenizer_max_length": tokenizer_max_length,
+    }
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:  # a filesystem without hard links
+        shutil.copyfile(source, target)
+
+
+def export_header(config: PolicyConfig, layout: str) -> dict[str, str]:
+    """The safetensors header of an export: our policy config (to rebuild the exact policy) and the layout."""
+    return {
+        "format": "pt",
+        "vla.layout": layout,
+        "policy_config": json.dumps(config.to_dict(), sort_keys=True),
+        "torch_version": torch.__version__,
+    }
+
+
+def write_export(
+    state: dict[str, torch.Tensor],
+    config: PolicyConfig,
+    output_dir: Path,
+    lerobot_config: dict[str, Any] | None = None,
+) -> Path:
+    """Write a full (unsharded) state dict with our names as the export of `output_dir` (one process)."""
+    from vla.training.checkpoint import _write_safetensors
+
+    path = output_dir / EXPORT_FILE
+    if isinstance(config, Pi0Config):
+        tensors = pi0_lerobot_tensors(state, config)
+        _write_safetensors(tensors, path, export_header(config, "lerobot_pi0"))
+        if lerobot_config is not None:
+            directory = output_dir / LEROBOT_DIR
+            directory.mkdir(parents=True, exist_ok=True)
+            _link_or_copy(path, directory / LEROBOT_WEIGHTS)
+            text = json.dumps(lerobot_config, indent=4)
+            _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
+    else:
+        _write_safetensors(state, path, export_header(config, "vla"))
+    return path
+
+
+def export_policy(
+    model: nn.Module, output_dir: Path, *, rank: int, lerobot_config: dict[str, Any] | None
+) -> Path:
+    """Gather the full state dict (collective under FSDP2/DDP) and write the export from rank 0."""
+    from vla.training.checkpoint import _agree, _capture, _first
+
+    inner = getattr(model, "module", model)
+    failed: list[BaseException] = []
+    state: dict[str, torch.Tensor] = {}
+    with _capture(failed):
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    _agree(_first(failed), f"exporting {output_dir / EXPORT_FILE}: gathering the full state dict")
+    if rank == 0:
+        with _capture(failed):
+            write_export(state, inner.config, output_dir, lerobot_config)
+    del state
+    _agree(_first(failed), f"exporting {output_dir / EXPORT_FILE}: writing the files")
+    return output_dir / EXPORT_FILE
+
+
+def run_lerobot_config(config: PolicyConfig, data: Any) -> dict[str, Any] | None:
+    """LeRobot's config.json for a run (its policy config and DataPipeline), or None if LeRobot cannot build it."""
+    if lerobot_unsupported(config) is not None:
+        return None
+    processor = data.processor.config
+    return lerobot_pi0_config(
+        config,
+        features=data.meta.features,
+        camera_map=dict(processor.camera_map),
+        state_key=processor.state_key,
+        action_key=processor.action_key,
+        norm_modes=dict(processor.norm_modes),
+        tokenizer_max_length=processor.max_prompt_length,
+    )
+
+
+__all__ = [
+    "EXPORT_FILE",
+    "LEROBOT_CONFIG",
+    "LEROBOT_DIR",
+    "export_policy",
+    "lerobot_pi0_config",
+    "lerobot_unsupported",
+    "run_lerobot_config",
+    "write_export",
+]
