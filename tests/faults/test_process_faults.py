@@ -20,13 +20,13 @@ from _trainer_runs import ROOT, losses, metrics, run_in_process, tiny_overrides
 from vla.training.guards import EXIT_STOPPED
 from vla.training.runlock import LOCK_FILE
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 DRIVER = Path(__file__).with_name("_fault_driver.py")
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
 
-def _wait_until(condition, process: subprocess.Popen, what: str, bound_s: float = 120) -> None:
+def _wait_until(condition, process: subprocess.Popen, what: str, bound_s: float = 400) -> None:
     deadline = time.monotonic() + bound_s
     while not condition():
         if process.poll() is not None:
@@ -63,7 +63,7 @@ def test_sigterm_ends_the_process_wherever_it_is(synthetic_dataset, tmp_path, fa
     try:
         _wait_until(marker.exists, process, f"the {fault} hang")
         process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)  # it used to wait for a step boundary forever
+        output, _ = process.communicate(timeout=120)  # it used to wait for a step boundary forever
     finally:
         process.kill()
     assert process.returncode == EXIT_STOPPED, output
@@ -114,7 +114,7 @@ def test_kill_at_a_random_moment_and_resume_matches_an_uninterrupted_run(synthet
     def train(out: Path, *extra: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "train.py", *tiny_overrides(synthetic_dataset, out, *common, *extra)],
-            cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=180,
+            cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=400,
         )  # fmt: skip
 
     run_in_process(tiny_overrides(synthetic_dataset, straight, *common))  # the reference, uninterrupted

@@ -21,7 +21,7 @@ from vla.training.guards import NonFiniteMetricError
 from vla.training.resume import ResumeMismatchError
 from vla.training.runlock import LOCK_FILE, RunLock, RunLockError
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_a_second_writer_fails_naming_the_holder_and_a_stale_lock_is_taken_over(
@@ -114,13 +114,14 @@ def test_resume_refuses_trajectory_changes_and_other_data_and_keeps_metrics_uniq
     moved = tmp_path / "moved"
     shutil.copytree(synthetic_dataset, moved)
     capsys.readouterr()
-    run_in_process(
+    result = run_in_process(
         tiny_overrides(
             moved, out, "trainer.steps=6", f"trainer.resume={out / 'checkpoints' / 'step_00000002'}",
             "trainer.log_every=1", *common,
         )
     )  # fmt: skip
     printed = capsys.readouterr().out
+    assert (result.status, result.steps) == ("finished", 6), printed
     assert "trainer.steps: 4 -> 6; applied: the cosine schedule now ends at step 6" in printed
     assert "dropped 4 record(s) of steps after 2" in printed  # train 3, 4 and the final val + eval
     assert [r["step"] for r in metrics(out)] == list(range(6))

@@ -60,6 +60,8 @@ class StopSignals:
         self.graceful = False
         self._previous: dict[int, Any] = {}
         self._owner = False
+        self._timer: threading.Timer | None = None
+        self._grace_expired = False
 
     # -- installation
     def __enter__(self) -> StopSignals:
@@ -69,7 +71,7 @@ class StopSignals:
             return outer
         if threading.current_thread() is not threading.main_thread():
             return self
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM):
+        for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
         self._owner = True
         StopSignals._active = self
@@ -115,13 +117,11 @@ class StopSignals:
     # -- the handler
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
-        if signum == signal.SIGALRM:
-            if self.requested:
-                self._stop(
-                    f"{self.signal_name} was received but the training step did not end within "
-                    f"trainer.stop_grace_s={self.grace_s:g} s (stuck in data loading or a collective?)"
-                )
-            return
+        if self._grace_expired:
+            self._stop(
+                f"{self.signal_name} was received but the training step did not end within "
+                f"trainer.stop_grace_s={self.grace_s:g} s (stuck in data loading or a collective?)"
+            )
         if self.requested:
             self._stop(f"a second {name} arrived while {self.phase}")
         if not self.graceful:
@@ -129,7 +129,17 @@ class StopSignals:
             self._stop(f"{name} arrived while {self.phase}")
         self.requested = True
         self.signal_name = name
-        signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+        # A timer thread re-sends the signal to the main thread when the grace period ends: a signal
+        # aimed at the main thread interrupts a blocking call there (sleep, a queue wait), so the
+        # handler runs and raises. (No SIGALRM/ITIMER_REAL: pytest-timeout and others own those.)
+        main = threading.main_thread().ident
+        self._timer = threading.Timer(self.grace_s, self._expire, args=(main, signum))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self, main: int, signum: int) -> None:
+        self._grace_expired = True
+        signal.pthread_kill(main, signum)
 
     def _stop(self, why: str) -> None:
         self._disarm()
@@ -138,10 +148,10 @@ class StopSignals:
             "trainer.resume=auto (exit code 130)"
         )
 
-    @staticmethod
-    def _disarm() -> None:
-        with contextlib.suppress(ValueError):  # not the main thread
-            signal.setitimer(signal.ITIMER_REAL, 0)
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
 
 def outside_step(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
