@@ -15,6 +15,11 @@ Two algebraically equal forms:
   precision (Dao AI Lab's gram-newton-schulz uses one restart in the middle of five steps).
 
 Shapes: `G` is (m, n) or batched (B, m, n); every matrix of a batch is normalised on its own.
+
+On CUDA with triton installed, the Gram form computes its symmetric products of the form Y Y^T
+(R = X X^T at the start and at restarts, R @ R = R R^T since R is kept exactly symmetric) with the
+SYRK kernel of `dmuon.kernels` (upper-triangle tiles only). Everywhere else, CPU included, it uses
+torch matmuls.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from dmuon import kernels
 
 Coefficients = tuple[float, float, float]
 Algorithm = Literal["standard", "gram", "auto"]
@@ -199,19 +206,39 @@ def _standard(X: Tensor, schedule: Sequence[Coefficients]) -> Tensor:
     return X
 
 
-def _gram(X: Tensor, schedule: Sequence[Coefficients], restarts: Sequence[int]) -> Tensor:
+def _use_syrk(X: Tensor, syrk_mode: bool | None) -> bool:
+    """Whether Gram NS on X takes the Triton SYRK kernel (see `newton_schulz`'s `syrk`)."""
+    if syrk_mode is None:
+        return X.is_cuda and kernels.syrk_backend(X) == "triton"
+    if syrk_mode and kernels.syrk_backend(X) != "triton":
+        raise ValueError(
+            f"newton_schulz(syrk=True) needs the Triton SYRK kernel: triton installed and a "
+            f"float32/bfloat16/float16 CUDA tensor (or TRITON_INTERPRET=1 on the CPU); got a "
+            f"{X.dtype} tensor on {X.device}; pass syrk=None to fall back to torch matmuls"
+        )
+    return bool(syrk_mode)
+
+
+def _gram(
+    X: Tensor, schedule: Sequence[Coefficients], restarts: Sequence[int], *, use_syrk: bool = False
+) -> Tensor:
     # X: (B, m, n) with m <= n. Invariant: the current iterate equals Q @ X, R = (Q X)(Q X)^T.
+    # With use_syrk, R = X X^T and R @ R = R R^T come from the SYRK kernel, whose output is exactly
+    # symmetric; the update below symmetrises R exactly too, so R R^T is R @ R throughout.
     restart_set = set(restarts) - {0}
     steps = len(schedule)
-    R = X @ X.mT  # (B, m, m)
+    R = kernels.syrk(X) if use_syrk else X @ X.mT  # (B, m, m)
     Q: Tensor | None = None  # None stands for the identity: saves one m^3 product per (re)start
     for k, (a, b, c) in enumerate(schedule):
         if k in restart_set:
             if Q is not None:
                 X = Q @ X
-            R = X @ X.mT
+            R = kernels.syrk(X) if use_syrk else X @ X.mT
             Q = None
-        Z = torch.baddbmm(R, R, R, beta=b, alpha=c)  # b R + c R^2
+        if use_syrk:
+            Z = kernels.syrk(R).mul_(c).add_(R, alpha=b)  # b R + c R^2
+        else:
+            Z = torch.baddbmm(R, R, R, beta=b, alpha=c)  # b R + c R^2
         if Q is None:
             Q = Z + a * torch.eye(Z.shape[-1], dtype=Z.dtype, device=Z.device)
         else:
@@ -235,6 +262,7 @@ def newton_schulz(
     restarts: Sequence[int] | None = None,
     eps: float = DEFAULT_EPS,
     safety_factor: float = DEFAULT_POLAR_EXPRESS_SAFETY,
+    syrk: bool | None = None,
 ) -> Tensor:
     """Orthogonalise `G` ((m, n) or (B, m, n)) with `steps` Newton-Schulz steps.
 
@@ -244,8 +272,13 @@ def newton_schulz(
     `algorithm="auto"` picks "gram" where the FLOP model says it is cheaper (aspect ratio >~ 1.5).
     `restarts` (Gram only) lists the steps before which X and R are re-formed; default: one in the
     middle. Zero and rank-deficient inputs give finite outputs (zero directions stay zero).
+    `syrk` (Gram only): None takes the Triton SYRK kernel for the symmetric products on CUDA when
+    triton is installed and torch matmuls elsewhere; True requires the kernel (an error where it
+    cannot run); False always uses torch matmuls.
     """
     _validate(G, algorithm, dtype)
+    if syrk is not None and not isinstance(syrk, bool):
+        raise ValueError(f"newton_schulz syrk must be None, True or False, got {syrk!r}")
     schedule = coefficient_schedule(coefficients, steps, safety_factor=safety_factor)
     batched = G.ndim == 3
     X = G.to(dtype) if batched else G.to(dtype).unsqueeze(0)
@@ -259,7 +292,8 @@ def newton_schulz(
     # Frobenius norm bounds the spectral norm, so every singular value starts in [0, 1].
     X = X / (torch.linalg.matrix_norm(X, ord="fro", keepdim=True) + eps)
     if algorithm == "gram":
-        X = _gram(X, schedule, default_restarts(steps) if restarts is None else restarts)
+        restart_steps = default_restarts(steps) if restarts is None else restarts
+        X = _gram(X, schedule, restart_steps, use_syrk=_use_syrk(X, syrk))
     else:
         X = _standard(X, schedule)
     if transposed:
