@@ -75,3 +75,21 @@ def test_unknown_names_are_named() -> None:
         MetaWorldEnv("reach-v3", ("front",))
     with pytest.raises(SimError, match="seed"):
         MetaWorldEnv("reach-v3", ("corner2",), 32).reset(-1)
+
+
+def test_triton_loads_after_rendering_started() -> None:
+    """triton's bundled LLVM segfaults when first loaded after Mesa's llvmpipe; the env preloads it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    code = (
+        "from vla.sim import MetaWorldEnv\n"
+        "env = MetaWorldEnv('reach-v3', ('corner2',), 16)\n"
+        "env.reset(0)\n"
+        "import torch._dynamo\n"  # imports triton lazily, as an evaluation may
+        "env.close()\n"
+        "print('rendered then imported')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "rendered then imported" in result.stdout, result.stderr[-2000:]

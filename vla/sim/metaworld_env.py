@@ -73,7 +73,18 @@ class SimStep:
     done: bool
 
 
+def _preload_triton() -> None:
+    """Load triton (when installed) before the first GL context: triton bundles its own LLVM, and loading
+    it after Mesa's software renderer (llvmpipe, also LLVM) has started segfaults the process, e.g.
+    when torch imports torch._dynamo lazily during an evaluation. The other order is safe."""
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
+
+
 def _import_metaworld() -> tuple[Any, Any, Any]:
+    _preload_triton()
     try:
         import mujoco
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
