@@ -18,8 +18,8 @@ import study_optimizers  # noqa: E402
 
 def test_steps_to_reach_and_curves(tmp_path) -> None:
     records = [
-        {"step": s, "split": "train", "loss": 1.0 / (s + 1), "step_s": t, "optimizer_s": t / 10}
-        for s, t in enumerate([9.0, 1.0, 1.0, 3.0])
+        {"step": s, "split": "train", "loss": 1.0 / s, "step_s": t, "optimizer_s": t / 10}
+        for s, t in enumerate([9.0, 1.0, 1.0, 3.0], 1)
     ]
     records += [{"step": 2, "split": "val", "loss": 0.5}, {"step": 4, "split": "val", "loss": 0.2}]
     records.append({"step": 4, "split": "val", "loss": 0.25})  # a resumed run re-logs a step: the last wins
