@@ -18,7 +18,7 @@ def test_readme_opens_with_exactly_two_commands() -> None:
     install_and_run, install_and_test = _opening_commands()
     for command in (install_and_run, install_and_test):
         assert "pip install torch==2.13.0" in command  # the CPU wheel first, or pip pulls a CUDA build
-        assert command.index("torch==2.13.0") < command.index('-e ".[dev]"')
+        assert command.index("torch==2.13.0") < command.index('-e ".[dev,sim]"')  # sim: MetaWorld tests
     assert "pytest" in install_and_test
 
 
