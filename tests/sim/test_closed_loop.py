@@ -104,3 +104,16 @@ def test_trained_export_runs_in_closed_loop(tmp_path, sim_dataset) -> None:
         chunk = actor.act([env], [obs])
         assert chunk.shape == (1, policy.config.action_horizon, 4) and np.isfinite(chunk).all()
         np.testing.assert_allclose(actor.act([env], [obs]), chunk, rtol=1e-5, atol=1e-6)
+
+
+def test_interval_contains_the_rate_and_plots_at_the_ends(tmp_path) -> None:
+    from vla.eval.closed_loop import ClosedLoopReport, EpisodeResult, plot_success, task_report
+
+    for n in range(1, 41):
+        for k in (0, n):
+            low, high = wilson_interval(k, n)
+            assert low <= k / n <= high
+    results = [EpisodeResult(1000 + i, True, 50) for i in range(20)]
+    report = ClosedLoopReport("expert", 1000, SETTINGS, [task_report("reach-v3", results)])
+    plot_success({"expert": report}, tmp_path / "s.png")  # 20/20: error bars of zero length, not negative
+    assert (tmp_path / "s.png").stat().st_size > 1000

@@ -81,7 +81,8 @@ def wilson_interval(successes: int, trials: int, confidence: float = 0.95) -> tu
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # Rounding can put an end a hair on the wrong side of p at 0 or n successes; the interval holds p.
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))
 
 
 @dataclass
@@ -292,8 +293,8 @@ def plot_success(reports: Mapping[str, ClosedLoopReport], path: Path | str, titl
         by_task = {t.task: t for t in report.tasks}
         xs = [i + (k - (len(reports) - 1) / 2) * width for i in range(len(tasks))]
         rates = [by_task[t].success_rate if t in by_task else 0.0 for t in tasks]
-        low = [r - by_task[t].ci95[0] if t in by_task else 0.0 for t, r in zip(tasks, rates)]
-        high = [by_task[t].ci95[1] - r if t in by_task else 0.0 for t, r in zip(tasks, rates)]
+        low = [max(0.0, r - by_task[t].ci95[0]) if t in by_task else 0.0 for t, r in zip(tasks, rates)]
+        high = [max(0.0, by_task[t].ci95[1] - r) if t in by_task else 0.0 for t, r in zip(tasks, rates)]
         ax.bar(
             xs, rates, width, yerr=[low, high], capsize=3, label=f"{name} (mean {report.mean_success:.0%})"
         )
