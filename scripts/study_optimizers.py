@@ -92,7 +92,9 @@ def launch(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> s
         f"optim.lr={lr}",
         f"trainer.steps={steps}",
         f"trainer.batch_size={args.batch_size}",
-        f"trainer.warmup_steps={max(1, min(50, steps // 10))}",
+        # Every run follows the same lr schedule, that of a --steps run: naive Muon's short run too.
+        f"trainer.schedule_steps={args.steps}",
+        f"trainer.warmup_steps={max(1, min(50, args.steps // 10))}",
         f"trainer.val_every={args.val_every}",
         "trainer.val_batches=4",
         f"trainer.checkpoint_every={max(args.val_every, 250)}",

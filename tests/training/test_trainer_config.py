@@ -201,13 +201,26 @@ def test_the_output_directory_is_hydras() -> None:
     assert Path(named.output_dir).parent.name == "pi0_tiny-adamw"
 
 
+def test_a_short_run_can_follow_a_longer_runs_schedule() -> None:
+    from vla.training.optim import lr_multiplier
+
+    long, short = (
+        compose(["trainer.steps=1000", "trainer.warmup_steps=50"]).trainer,
+        compose(["trainer.steps=30", "trainer.schedule_steps=1000", "trainer.warmup_steps=50"]).trainer,
+    )
+    assert [lr_multiplier(s, short) for s in range(30)] == [lr_multiplier(s, long) for s in range(30)]
+    assert lr_multiplier(29, compose(["trainer.steps=30", "trainer.warmup_steps=3"]).trainer) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="trainer.schedule_steps=20 is shorter than trainer.steps=30"):
+        compose(["trainer.steps=30", "trainer.schedule_steps=20"])
+
+
 def test_a_warmup_longer_than_the_run_is_clamped() -> None:
     from vla.training.optim import effective_warmup, lr_multiplier
 
     short = compose(["trainer.steps=6"]).trainer  # the default warmup is 10 steps
     assert short.warmup_steps == 10
     warmup, note = effective_warmup(short)
-    assert warmup == 0 and "trainer.warmup_steps=10 is not shorter than trainer.steps=6" in note
+    assert warmup == 0 and "trainer.warmup_steps=10 is not shorter than the schedule (6 steps)" in note
     assert [round(lr_multiplier(s, short), 6) for s in (0, 5)] == [1.0, 0.1]
     longer = compose(["trainer.steps=40", "trainer.warmup_steps=40"]).trainer
     assert effective_warmup(longer)[0] == 4

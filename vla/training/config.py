@@ -287,6 +287,8 @@ class TrainerConfig:
         (then a checkpoint is saved and the run stops); past it, or outside a step (building data,
         validation, evaluation), the run stops at once without saving (see vla.training.guards).
     warmup_steps: linear warmup; one as long as the run is shortened to 10% of it (with a log line).
+    schedule_steps: the steps the lr schedule spans (null: trainer.steps); a run of fewer steps follows
+        the first part of a longer run's schedule (e.g. a short check of a long run's first steps).
     """
 
     steps: int = 100
@@ -295,6 +297,7 @@ class TrainerConfig:
     clip_grad_norm: float | None = 1.0
     schedule: str = "cosine"
     warmup_steps: int = 10
+    schedule_steps: int | None = None
     min_lr_ratio: float = 0.1
     seed: int = 0
     precision: str = "fp32"
@@ -330,6 +333,11 @@ class TrainerConfig:
         ):
             _positive(f"trainer.{key}", getattr(self, key))
         _positive("trainer.warmup_steps", self.warmup_steps, allow_zero=True)
+        if self.schedule_steps is not None and self.schedule_steps < self.steps:
+            raise ValueError(
+                f"trainer.schedule_steps={self.schedule_steps} is shorter than trainer.steps={self.steps}; the "
+                "schedule must cover the run: raise it or leave it null"
+            )
         _positive("trainer.val_batches", self.val_batches, allow_zero=True)
         _positive("trainer.max_skipped_steps", self.max_skipped_steps, allow_zero=True)
         _positive("trainer.stop_grace_s", self.stop_grace_s)

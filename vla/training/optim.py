@@ -59,14 +59,20 @@ def effective_warmup(cfg: TrainerConfig) -> tuple[int, str | None]:
     A warmup as long as the run (trainer.warmup_steps >= trainer.steps, e.g. `trainer.steps=6` with the
     default 10) would never reach the peak lr: it becomes 10% of the run instead.
     """
-    if cfg.warmup_steps < cfg.steps:
+    horizon = schedule_horizon(cfg)
+    if cfg.warmup_steps < horizon:
         return cfg.warmup_steps, None
-    warmup = int(cfg.steps * WARMUP_FRACTION_WHEN_CLAMPED)
+    warmup = int(horizon * WARMUP_FRACTION_WHEN_CLAMPED)
     return warmup, (
-        f"trainer.warmup_steps={cfg.warmup_steps} is not shorter than trainer.steps={cfg.steps}: warming up "
+        f"trainer.warmup_steps={cfg.warmup_steps} is not shorter than the schedule ({horizon} steps): warming up "
         f"for {warmup} step(s) ({WARMUP_FRACTION_WHEN_CLAMPED:.0%} of the run) instead; set "
         "trainer.warmup_steps below trainer.steps to choose"
     )
+
+
+def schedule_horizon(cfg: TrainerConfig) -> int:
+    """Steps the lr schedule spans: trainer.schedule_steps, or the run's trainer.steps."""
+    return cfg.schedule_steps if cfg.schedule_steps is not None else cfg.steps
 
 
 def lr_multiplier(step: int, cfg: TrainerConfig) -> float:
@@ -76,7 +82,7 @@ def lr_multiplier(step: int, cfg: TrainerConfig) -> float:
         return (step + 1) / (warmup + 1)
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, cfg.steps - warmup - 1))
+    progress = min(1.0, (step - warmup) / max(1, schedule_horizon(cfg) - warmup - 1))
     if cfg.schedule == "linear":
         shape = 1.0 - progress
     else:

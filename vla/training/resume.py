@@ -39,6 +39,7 @@ TRAJECTORY_KEYS = (
     "trainer.seed",
     "trainer.schedule",
     "trainer.warmup_steps",
+    "trainer.schedule_steps",
     "trainer.min_lr_ratio",
     "trainer.clip_grad_norm",
     "trainer.ema_decay",
