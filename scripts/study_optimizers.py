@@ -69,8 +69,9 @@ def _lrs(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def run_name(optimizer: str, lr: float) -> str:
-    return f"{optimizer}_lr{lr:g}"
+def run_name(optimizer: str, lr: float, steps: int | None = None) -> str:
+    """A sweep run's directory name; short check runs (naive Muon and its DMuon twin) add their steps."""
+    return f"{optimizer}_lr{lr:g}" + (f"_{steps}steps" if steps is not None else "")
 
 
 def _summary(run_dir: Path) -> dict[str, Any] | None:
@@ -80,7 +81,7 @@ def _summary(run_dir: Path) -> dict[str, Any] | None:
 
 def launch(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> subprocess.Popen | None:
     """Start one train.py run (resumed when interrupted); None when it finished earlier."""
-    run_dir = args.out / "runs" / run_name(optimizer, lr)
+    run_dir = args.out / "runs" / run_name(optimizer, lr, None if steps == args.steps else steps)
     done = _summary(run_dir)
     if done is not None and done["steps"] >= steps and not done.get("stopped_early"):
         print(f"  {run_dir.name}: finished earlier, reused", flush=True)
@@ -270,21 +271,30 @@ def main() -> int:
             }
     best: dict[str, str] = {}
     for optimizer in ("adamw", "dmuon"):
-        candidates = [n for n, r in runs.items() if r["optimizer"] == optimizer and r["curve"]["val_loss"]]
+        candidates = [
+            n
+            for n, r in runs.items()
+            if r["optimizer"] == optimizer and r["curve"]["val_steps"][-1:] == [args.steps]
+        ]
         if candidates:
             best[optimizer] = min(candidates, key=lambda n: min(runs[n]["curve"]["val_loss"]))
+    checks: dict[str, str] = {}
     if "dmuon" in best and args.muon_steps:
+        # Naive Muon and a DMuon twin, side by side for --muon-steps steps of the full runs' schedule: the
+        # same update, so the same losses, while naive Muon has every rank do all the work.
         lr = runs[best["dmuon"]]["lr"]
-        muon_dir = args.out / "runs" / run_name("muon", lr)
         if not args.report:
-            train_all(args, [("muon", lr, args.muon_steps)])
-        if (muon_dir / "metrics.jsonl").is_file():
-            runs[muon_dir.name] = {
-                "optimizer": "muon",
-                "lr": lr,
-                "dir": str(muon_dir),
-                "curve": curves(muon_dir),
-            }
+            train_all(args, [("muon", lr, args.muon_steps), ("dmuon", lr, args.muon_steps)])
+        for optimizer in ("muon", "dmuon"):
+            run_dir = args.out / "runs" / run_name(optimizer, lr, args.muon_steps)
+            if (run_dir / "metrics.jsonl").is_file():
+                checks[optimizer] = run_dir.name
+                runs[run_dir.name] = {
+                    "optimizer": optimizer,
+                    "lr": lr,
+                    "dir": str(run_dir),
+                    "curve": curves(run_dir),
+                }
     study: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "runs": runs, "best": best}
     if len(best) == 2:
         adamw, dmuon = runs[best["adamw"]]["curve"], runs[best["dmuon"]]["curve"]
@@ -299,9 +309,8 @@ def main() -> int:
             "step_ratio": dmuon_steps / adamw_steps if dmuon_steps else None,
             "median_step_s": {k: runs[best[k]]["curve"]["median_step_s"] for k in best},
         }
-    muon_name = next((n for n, r in runs.items() if r["optimizer"] == "muon"), None)
-    if muon_name and "dmuon" in best:
-        muon, dmuon = runs[muon_name]["curve"], runs[best["dmuon"]]["curve"]
+    if len(checks) == 2:
+        muon, dmuon = runs[checks["muon"]]["curve"], runs[checks["dmuon"]]["curve"]
         pairs = [(a, b) for s, a in zip(muon["train_steps"], muon["train_loss"]) for t, b in zip(dmuon["train_steps"], dmuon["train_loss"]) if s == t]  # fmt: skip
         study["muon_vs_dmuon"] = {
             "steps": len(pairs),
