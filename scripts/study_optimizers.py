@@ -147,8 +147,11 @@ def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int]]) -> N
 def curves(run_dir: Path) -> dict[str, list[float]]:
     """Train / validation curves of a run: steps (1-based), losses, and training seconds at each step."""
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # Steps are logged 1..N; metrics written before that convention started at 0.
-    offset = 1 if min((r["step"] for r in records if r["split"] == "train"), default=1) == 0 else 0
+    # Steps are logged 1..N; metrics written before that convention count from 0: their last step is N - 1.
+    logged = [r["step"] for r in records if r["split"] == "train"]
+    summary = _summary(run_dir)
+    finished = summary["steps"] if summary else None
+    offset = 1 if logged and (min(logged) == 0 or max(logged) == (finished or 0) - 1) else 0
     train: dict[int, dict[str, Any]] = {}
     val: dict[int, float] = {}
     for r in records:  # a resumed run re-logs some steps: the last record of a step wins
