@@ -37,7 +37,7 @@ def test_every_group_combination_composes_and_validates() -> None:
             parallel,
         )
         validate(cfg, world_size=1 if parallel == "none" else 2)
-    assert len(combos) == 6 * 3 * 2 * 3
+    assert len(combos) == 7 * 3 * 3 * 3  # 7 model presets, 3 optimizers, 3 data sources, 3 parallel modes
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))

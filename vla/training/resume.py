@@ -190,11 +190,11 @@ def _schedule_note(saved: dict[str, Any], cfg: Any, step: int) -> str:
 
 
 def truncate_metrics(path: Path, step: int) -> int:
-    """Drop metrics.jsonl records of steps >= `step` (to be re-run) and unreadable lines, in place.
+    """Drop metrics.jsonl records of steps > `step` (to be re-run) and unreadable lines, in place.
 
-    Records are logged with 0-based `step` = optimizer step - 1, so resuming at optimizer step S
-    re-runs records S, S+1, ... The file is rewritten in place (same inode): an append-mode handle
-    open on it keeps working. Returns the number of lines dropped.
+    Records carry the optimizer step 1..N they were logged after, so resuming from the checkpoint of
+    step S re-runs steps S+1, S+2, ... and their records go. The file is rewritten in place (same
+    inode): an append-mode handle open on it keeps working. Returns the number of lines dropped.
     """
     if not path.is_file():
         return 0
@@ -207,7 +207,7 @@ def truncate_metrics(path: Path, step: int) -> int:
             except ValueError:
                 dropped += 1  # a line cut short by a crash
                 continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] >= step:
+            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step:
                 dropped += 1
                 continue
             kept.append(line)
