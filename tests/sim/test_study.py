@@ -71,7 +71,9 @@ def test_study_runs_sweeps_and_reports(tmp_path, sim_dataset) -> None:
     # Naive Muon is the same update as DMuon: the same losses at the same steps (Gram vs standard NS only).
     assert study["muon_vs_dmuon"]["steps"] == 2 and study["muon_vs_dmuon"]["max_rel_loss_diff"] < 1e-4
     twin = study["runs"][f"dmuon_lr{best_lr:g}_2steps"]["curve"]["train_loss"]
-    assert twin == study["runs"][f"dmuon_lr{best_lr:g}"]["curve"]["train_loss"][:2]  # the full run's first steps
+    assert (
+        twin == study["runs"][f"dmuon_lr{best_lr:g}"]["curve"]["train_loss"][:2]
+    )  # the full run's first steps
     assert set(study["closed_loop"]) == {"adamw", "dmuon"}
     assert all(t["episodes"] == 1 for t in study["closed_loop"]["adamw"]["tasks"])
     assert (out / "val_loss.png").stat().st_size > 1000 and (out / "success.png").stat().st_size > 1000

@@ -50,9 +50,7 @@ def test_training_seeds_are_refused(tmp_path, sim_dataset) -> None:
     from vla.training.config import compose
 
     cfg = compose([*TINY_SIM, f"data.root={sim_dataset}", "trainer.closed_loop.seed=4"])
-    with pytest.raises(
-        ValueError, match=r"seeds \[5\] of reach-v3 are training demonstrations.*seed >= 7"
-    ):
+    with pytest.raises(ValueError, match=r"seeds \[5\] of reach-v3 are training demonstrations.*seed >= 7"):
         closed_loop_evaluation(cfg, None, None, False, None)  # type: ignore[arg-type]
 
 

@@ -209,7 +209,9 @@ def test_a_short_run_can_follow_a_longer_runs_schedule() -> None:
         compose(["trainer.steps=30", "trainer.schedule_steps=1000", "trainer.warmup_steps=50"]).trainer,
     )
     assert [lr_multiplier(s, short) for s in range(30)] == [lr_multiplier(s, long) for s in range(30)]
-    assert lr_multiplier(29, compose(["trainer.steps=30", "trainer.warmup_steps=3"]).trainer) == pytest.approx(0.1)
+    assert lr_multiplier(
+        29, compose(["trainer.steps=30", "trainer.warmup_steps=3"]).trainer
+    ) == pytest.approx(0.1)
     with pytest.raises(ValueError, match=r"trainer\.schedule_steps=20 is shorter than trainer\.steps=30"):
         compose(["trainer.steps=30", "trainer.schedule_steps=20"])
 
