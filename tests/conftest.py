@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -24,3 +25,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def _seed_everything() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def synthetic_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The trainer tests' dataset: written once, matching tests/training/_trainer_runs.TINY."""
+    from vla.data.synthetic import SyntheticConfig, ensure_synthetic_dataset
+
+    root = tmp_path_factory.mktemp("data") / "synthetic"
+    ensure_synthetic_dataset(root, SyntheticConfig(episodes=8, episode_length=20, image_size=32))
+    return root

@@ -253,12 +253,20 @@ def evaluate_closed_loop(
     for task in tasks:
         results, clips = run_episodes(policy, task, seeds, settings, record=videos if video_dir else 0)
         reports.append(task_report(task, results))
-        for clip, result in zip(clips, results):
-            outcome = "success" if result.success else "failure"
-            write_video(Path(video_dir) / f"{task}_seed{result.seed}_{outcome}.mp4", clip)  # type: ignore[arg-type]
+        if clips:
+            write_rollouts(Path(video_dir), task, results, clips)  # type: ignore[arg-type]
         if progress is not None:
             progress(task, len(results))
     return ClosedLoopReport(policy=policy.name, seed=seed, settings=settings, tasks=reports)
+
+
+def write_rollouts(
+    video_dir: Path, task: str, results: Sequence[EpisodeResult], clips: Sequence[np.ndarray]
+) -> None:
+    """One mp4 per recorded episode: video_dir/<task>_seed<seed>_{success|failure}.mp4."""
+    for clip, result in zip(clips, results):
+        outcome = "success" if result.success else "failure"
+        write_video(video_dir / f"{task}_seed{result.seed}_{outcome}.mp4", clip)
 
 
 def write_video(path: Path, frames: np.ndarray, fps: int = CONTROL_FPS // 4) -> None:

@@ -42,7 +42,13 @@ def closed_loop_evaluation(
     settings_cfg = cfg.trainer.closed_loop
     if cfg.data.source != "metaworld" or settings_cfg.episodes == 0:
         return None
-    from vla.eval.closed_loop import ClosedLoopReport, ClosedLoopSettings, run_episodes, task_report
+    from vla.eval.closed_loop import (
+        ClosedLoopReport,
+        ClosedLoopSettings,
+        run_episodes,
+        task_report,
+        write_rollouts,
+    )
     from vla.eval.policy_runner import PolicyActor
     from vla.sim import parse_tasks
     from vla.sim.demos import training_seeds
@@ -75,11 +81,7 @@ def closed_loop_evaluation(
         results, clips = run_episodes(actor, task, mine, settings, record=record)
         local[task] = results
         if clips:
-            from vla.eval.closed_loop import write_video
-
-            for clip, result in zip(clips, results):
-                outcome = "success" if result.success else "failure"
-                write_video(video_dir / f"{task}_seed{result.seed}_{outcome}.mp4", clip)  # type: ignore[operator]
+            write_rollouts(video_dir, task, results, clips)  # type: ignore[arg-type]
     gathered = [local]
     if world > 1:
         gathered = [None] * world  # type: ignore[list-item]
