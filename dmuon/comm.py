@@ -1,25 +1,34 @@
-"""Carry out a plan: move matrices to their owners, orthogonalise, move results back.
+"""Carry out a plan: move matrices to their owners or split groups, orthogonalise, move results back.
 
-Sharded domain (FSDP2 / HSDP shard dimension), per bucket:
-  1. pack:     this rank's rows of every bucket matrix, grouped by owner rank;
-  2. exchange: one ragged all_to_all_single (split sizes per rank, no padding to the world size);
-  3. assemble: the owner stacks the row blocks of each of its matrices in rank order;
-  4. compute:  owner runs NS, same-shape matrices batched into one (B, m, n) call;
-  5. return:   the reverse ragged all_to_all_single sends each rank its rows of every result.
+Sharded domain (FSDP2 / HSDP), per bucket, inside each replica (one unless HSDP):
+  1. pack:     this rank's piece of every matrix its replica computes, per receiving rank: for an
+               owner its rows, for a split member the part of its rows inside the member's column
+               chunk of X (a tall matrix split over its own shard group moves nothing);
+  2. exchange: one ragged all_to_all_single over the shard group (split sizes per rank, no padding);
+  3. assemble: each owner / member stacks the pieces of its matrix or chunk in rank order;
+  4. compute:  owners run NS with same-shape matrices batched into one (B, m, n) call; split groups
+               run dmuon.split_ns on their chunks, batched per (group, shape);
+  5. return:   the reverse ragged all_to_all_single sends each rank its rows of every result;
+  6. fan-out:  HSDP only: one all-gather over the replicate dimension gives every replica the rows
+               the other replicas computed (padded to the busiest replica's bytes).
 
-Replicated domain (DDP), per bucket: owners orthogonalise their matrices, then one all-gather
-(padded to the largest owner's bytes in the bucket) gives every rank every result.
+Replicated domain (DDP), per bucket: owners orthogonalise their matrices and split members their
+column chunks, then one all-gather (padded to the largest contribution in the bucket) gives every
+rank every result.
 
 Pipelining (overlap=True), sharded:
 
     time ->   exch(0) | exch(1)          | exch(2)          | ...
                       | ns(0) ret(0)..   | ns(1) ret(1)..   | ns(2) ...
-    wait ret(*) at the end, then apply.
+                      |                  |  fan(0)..        |  fan(1) ...
+    wait ret(*) and fan(*) at the end, then apply.
 
   The exchange of bucket k+1 is issued before bucket k is computed, and the return of bucket k is
-  issued right after its compute, so both travel while the next bucket computes. Every rank issues
-  the collectives in the same order (exch k+1, then ret k), which is what keeps them matched.
-  Replicated: the all-gather of bucket k travels while bucket k+1 computes.
+  issued right after its compute, so both travel while the next bucket computes; the fan-out of
+  bucket k leaves once its return has arrived. Every rank issues the collectives of each group in
+  the same order, which is what keeps them matched; split groups lie inside one replica and run
+  their matrices in plan order, and fan-outs are only waited for at the end, so no rank can wait on
+  a replica that waits on it. Replicated: the all-gather of bucket k travels while k+1 computes.
   With overlap=False every collective is waited for right away (the reference schedule).
 
 "naive" is the vanilla baseline of the DMuon paper: every rank gathers every full matrix and
@@ -38,12 +47,12 @@ import torch.distributed as dist
 from torch import Tensor
 
 from dmuon.functional import orthogonalize, orthogonalize_batch
-from dmuon.layout import Domain
+from dmuon.layout import Domain, process_group_for
 from dmuon.planner import MatrixSpec, Plan
+from dmuon.split_ns import split_newton_schulz
 
-
-def _owned_in(bucket: Sequence[int], owners: Sequence[int], rank: int) -> list[int]:
-    return [i for i in bucket if owners[i] == rank]
+# torch >= 2.10 names it all_gather_single; older releases only have all_gather_into_tensor.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def _orthogonalize_owned(
@@ -60,68 +69,183 @@ def _orthogonalize_owned(
     return out
 
 
+def split_group(domain: Domain, members: Sequence[int]) -> dist.ProcessGroup:
+    """The process group of a split group of domain ranks (the exchange group when it is all of it)."""
+    ranks = sorted(domain.ranks[w] for w in members)
+    if domain.group is not None and ranks == sorted(dist.get_process_group_ranks(domain.group)):
+        return domain.group
+    return process_group_for(ranks)
+
+
+def _orthogonalize_split(plan: Plan, domain: Domain, blocks: dict[int, Tensor]) -> dict[int, Tensor]:
+    """Split NS of this rank's column chunks (blocks of the (m, n) view), batched per (group, class).
+
+    Batches run in the order of their first matrix index, the same on every member, so that the
+    collectives of overlapping groups can never wait on each other in a cycle.
+    """
+    batches: dict[tuple, list[int]] = defaultdict(list)
+    for i in sorted(blocks):
+        batches[(plan.members[i], plan.specs[i].shape_class)].append(i)
+    out: dict[int, Tensor] = {}
+    for (members, (m, n, ns)), indices in sorted(batches.items(), key=lambda kv: kv[1][0]):
+        group = split_group(domain, members)
+        tall = m > n
+        X = torch.stack([blocks[i].mT if tall else blocks[i] for i in indices]).to(ns.dtype)
+        result = split_newton_schulz(
+            X,
+            ns.coefficients,
+            algorithm=ns.algorithm_for((m, n)),
+            group=group,
+            members=len(members),
+            index=dist.get_rank(group),
+            m=min(m, n),
+            eps=ns.eps,
+        )
+        for b, i in enumerate(indices):
+            out[i] = (result[b].mT if tall else result[b]).to(blocks[i].dtype)
+    return out
+
+
+def _compute(plan: Plan, domain: Domain, blocks: dict[int, Tensor]) -> dict[int, Tensor]:
+    """NS of every block this rank holds: whole matrices it owns, column chunks of split ones."""
+    owned = [i for i in sorted(blocks) if len(plan.members[i]) == 1]
+    out = _orthogonalize_owned(owned, {i: blocks[i] for i in owned}, plan.specs)
+    out.update(_orthogonalize_split(plan, domain, {i: b for i, b in blocks.items() if i not in out}))
+    return out
+
+
+Piece = tuple[int, int, int, int, int, int]  # (source shard rank, member index, row0, row1, col0, col1)
+
+
 class _ShardedBucket:
     """Bookkeeping of one bucket of a sharded exchange, from this rank's point of view."""
 
-    def __init__(self, plan: Plan, bucket: Sequence[int], rank: int, updates: Sequence[Tensor]) -> None:
-        self.plan, self.bucket, self.rank = plan, list(bucket), rank
-        specs, owners, world = plan.specs, plan.owners, plan.world
-        self.by_owner = [[i for i in self.bucket if owners[i] == r] for r in range(world)]
-        self.mine = self.by_owner[rank]
-        # Forward: what I send to owner r (my rows of r's matrices), what I get from rank s.
-        self.send_splits = [
-            sum(specs[i].rows[rank] * specs[i].n for i in self.by_owner[r]) for r in range(world)
-        ]
-        self.recv_splits = [sum(specs[i].rows[s] * specs[i].n for i in self.mine) for s in range(world)]
-        self.dtype = updates[self.bucket[0]].dtype if self.bucket else torch.float32
-        self.device = updates[self.bucket[0]].device if self.bucket else torch.device("cpu")
+    def __init__(self, plan: Plan, bucket: Sequence[int], domain: Domain, updates: Sequence[Tensor]) -> None:
+        self.plan, self.bucket = plan, list(bucket)
+        size = plan.ranks_per_replica
+        self.me = domain.rank
+        self.replica, self.shard = divmod(self.me, size)
+        # Matrices this replica computes, and what moves inside the shard group for them.
+        self.jobs = [i for i in self.bucket if plan.replica_of(i) == self.replica]
+        self.sends: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # to shard rank t
+        self.recvs: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # from shard rank t
+        self.mine: dict[int, int] = {}  # matrix -> my member index
+        for i in self.jobs:
+            members = plan.members[i]
+            if self.me in members:
+                self.mine[i] = members.index(self.me)
+            for piece in plan.pieces(i):
+                source, j = piece[0], piece[1]
+                if source == self.shard:
+                    self.sends[members[j] % size].append((i, piece))
+                if members[j] == self.me:
+                    self.recvs[source].append((i, piece))
+        self.send_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.sends]
+        self.recv_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.recvs]
+        first = updates[self.bucket[0]] if self.bucket else None
+        self.dtype = first.dtype if first is not None else torch.float32
+        self.device = first.device if first is not None else torch.device("cpu")
+
+    def _offset(self, i: int) -> int:
+        return self.plan.specs[i].offsets()[self.shard]
+
+    def _local(self, t: Tensor, i: int) -> Tensor:
+        spec = self.plan.specs[i]
+        return t.reshape(spec.rows[self.shard], spec.n)  # type: ignore[index]
 
     def pack(self, updates: Sequence[Tensor]) -> Tensor:
-        parts = [updates[i].reshape(-1) for r in range(self.plan.world) for i in self.by_owner[r]]
+        parts = []
+        for pieces in self.sends:
+            for i, (_, _, lo, hi, c0, c1) in pieces:
+                start = self._offset(i)
+                parts.append(self._local(updates[i], i)[lo - start : hi - start, c0:c1].reshape(-1))
+        return self._cat(parts)
+
+    def assemble(self, received: Tensor) -> dict[int, Tensor]:
+        """The block (whole matrix or column chunk) of every matrix this rank computes."""
+        blocks: dict[int, Tensor] = {}
+        for i, j in self.mine.items():
+            r0, r1, c0, c1 = self.plan.specs[i].block(len(self.plan.members[i]), j)
+            blocks[i] = torch.empty(r1 - r0, c1 - c0, dtype=self.dtype, device=self.device)
+        cursor = 0
+        for pieces in self.recvs:
+            for i, (_, _, lo, hi, c0, c1) in pieces:
+                r0 = self.plan.specs[i].block(len(self.plan.members[i]), self.mine[i])[0]
+                count = (hi - lo) * (c1 - c0)
+                blocks[i][lo - r0 : hi - r0] = received[cursor : cursor + count].view(hi - lo, c1 - c0)
+                cursor += count
+        return blocks
+
+    def pack_results(self, results: dict[int, Tensor]) -> Tensor:
+        parts = []
+        for pieces in self.recvs:
+            for i, (_, _, lo, hi, _, _) in pieces:
+                r0 = self.plan.specs[i].block(len(self.plan.members[i]), self.mine[i])[0]
+                parts.append(results[i][lo - r0 : hi - r0].reshape(-1).to(self.dtype))
+        return self._cat(parts)
+
+    def unpack_results(self, received: Tensor, updates: Sequence[Tensor], out: list[Tensor | None]) -> None:
+        """This rank's rows of every result its replica computed."""
+        specs, cursor = self.plan.specs, 0
+        for i in self.jobs:
+            spec = specs[i]
+            out[i] = torch.zeros(spec.rows[self.shard], spec.n, dtype=self.dtype, device=self.device)  # type: ignore[index]
+        for pieces in self.sends:
+            for i, (_, _, lo, hi, c0, c1) in pieces:
+                count = (hi - lo) * (c1 - c0)
+                data = received[cursor : cursor + count].view(hi - lo, c1 - c0)
+                start = self._offset(i)
+                target = out[i]
+                assert target is not None
+                if hi - lo == target.shape[0] and c1 - c0 == target.shape[1]:
+                    out[i] = data  # the whole of my rows came in one piece: no copy
+                else:
+                    target[lo - start : hi - start, c0:c1] = data
+                cursor += count
+        for i in self.jobs:
+            out[i] = out[i].view(updates[i].shape)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ HSDP fan-out
+    def fan_out_sizes(self) -> list[int]:
+        """Elements each replica contributes to the fan-out: its shard rank's rows of its results."""
+        sizes = [0] * self.plan.replicas
+        for i in self.bucket:
+            spec = self.plan.specs[i]
+            sizes[self.plan.replica_of(i)] += spec.rows[self.shard] * spec.n  # type: ignore[index]
+        return sizes
+
+    def pack_fan_out(self, out: list[Tensor | None]) -> Tensor:
+        width = max(self.fan_out_sizes())
+        send = torch.zeros(width, dtype=self.dtype, device=self.device)
+        parts = [out[i].reshape(-1) for i in self.jobs if out[i].numel()]  # type: ignore[union-attr]
+        if parts:
+            flat = torch.cat(parts)
+            send[: flat.numel()] = flat
+        return send
+
+    def unpack_fan_out(
+        self, gathered: Tensor, positions: list[int], updates: Sequence[Tensor], out: list[Tensor | None]
+    ) -> None:
+        width = max(self.fan_out_sizes())
+        cursors = [positions[r] * width for r in range(self.plan.replicas)]
+        for i in self.bucket:
+            replica = self.plan.replica_of(i)
+            if replica == self.replica:
+                continue
+            count = updates[i].numel()
+            out[i] = gathered[cursors[replica] : cursors[replica] + count].view(updates[i].shape)
+            cursors[replica] += count
+
+    def _cat(self, parts: list[Tensor]) -> Tensor:
         parts = [p for p in parts if p.numel()]
         if not parts:
             return torch.empty(0, dtype=self.dtype, device=self.device)
         return torch.cat(parts).to(self.dtype)
 
-    def assemble(self, received: Tensor) -> dict[int, Tensor]:
-        specs = self.plan.specs
-        fulls = {
-            i: torch.empty(specs[i].m, specs[i].n, dtype=self.dtype, device=self.device) for i in self.mine
-        }
-        cursor = 0
-        for s in range(self.plan.world):
-            for i in self.mine:
-                rows, n = specs[i].rows[s], specs[i].n
-                if rows:
-                    start = specs[i].offsets()[s]
-                    fulls[i][start : start + rows] = received[cursor : cursor + rows * n].view(rows, n)
-                    cursor += rows * n
-        return fulls
 
-    def pack_results(self, results: dict[int, Tensor]) -> Tensor:
-        specs = self.plan.specs
-        parts = []
-        for s in range(self.plan.world):
-            for i in self.mine:
-                rows = specs[i].rows[s]
-                if rows:
-                    start = specs[i].offsets()[s]
-                    parts.append(results[i][start : start + rows].reshape(-1).to(self.dtype))
-        if not parts:
-            return torch.empty(0, dtype=self.dtype, device=self.device)
-        return torch.cat(parts)
-
-    def unpack_results(self, received: Tensor, updates: Sequence[Tensor], out: list[Tensor | None]) -> None:
-        specs, cursor = self.plan.specs, 0
-        for r in range(self.plan.world):
-            for i in self.by_owner[r]:
-                count = specs[i].rows[self.rank] * specs[i].n
-                out[i] = received[cursor : cursor + count].view(updates[i].shape)
-                cursor += count
-
-
-# torch >= 2.10 names it all_gather_single; older releases only have all_gather_into_tensor.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+def _numel(piece: Piece) -> int:
+    _, _, lo, hi, c0, c1 = piece
+    return (hi - lo) * (c1 - c0)
 
 
 @contextlib.contextmanager
@@ -148,6 +272,13 @@ def _all_to_all(
     return recv, work
 
 
+def _replica_positions(domain: Domain, shard: int) -> list[int]:
+    """Group rank, in the replicate group, of each replica's rank at this shard position."""
+    ranks = dist.get_process_group_ranks(domain.replicate_group)
+    size = domain.replica_size
+    return [ranks.index(domain.ranks[r * size + shard]) for r in range(domain.replicas)]
+
+
 def sharded_orthogonalize(
     plan: Plan,
     domain: Domain,
@@ -160,18 +291,31 @@ def sharded_orthogonalize(
 
     updates[i]: this rank's rows of spec i's update (shape = local param shape, possibly 0 rows).
     """
-    rank, group = domain.rank, domain.group
+    group = domain.group
     out: list[Tensor | None] = [None] * len(plan.specs)
-    buckets = [_ShardedBucket(plan, b, rank, updates) for b in plan.buckets]
+    buckets = [_ShardedBucket(plan, b, domain, updates) for b in plan.buckets]
     if not buckets:
         return []
+    fan_out = plan.replicas > 1
+    positions = _replica_positions(domain, buckets[0].shard) if fan_out else []
     exchanges: list[tuple[Tensor, dist.Work | None] | None] = [None] * len(buckets)
     returns: list[tuple[_ShardedBucket, Tensor, dist.Work | None]] = []
+    fans: list[tuple[_ShardedBucket, Tensor, dist.Work | None]] = []
 
     def issue_exchange(k: int) -> None:
         b = buckets[k]
         with _exposed(stats, blocking=not overlap):
             exchanges[k] = _all_to_all(b.pack(updates), b.send_splits, b.recv_splits, group, overlap)
+
+    def finish_return(b: _ShardedBucket, back: Tensor, work: dist.Work | None) -> None:
+        _wait(work, stats)
+        b.unpack_results(back, updates, out)
+        if fan_out:
+            send = b.pack_fan_out(out)
+            gathered = torch.empty(plan.replicas * send.numel(), dtype=send.dtype, device=send.device)
+            with _exposed(stats, blocking=not overlap):
+                fan_work = _all_gather(gathered, send, group=domain.replicate_group, async_op=overlap)
+            fans.append((b, gathered, fan_work))
 
     issue_exchange(0)
     for k, b in enumerate(buckets):
@@ -180,17 +324,21 @@ def sharded_orthogonalize(
         received, work = exchanges[k]  # type: ignore[misc]
         _wait(work, stats)
         exchanges[k] = None
-        results = _orthogonalize_owned(b.mine, b.assemble(received), plan.specs)
+        results = _compute(plan, domain, b.assemble(received))
         with _exposed(stats, blocking=not overlap):
             back, back_work = _all_to_all(
                 b.pack_results(results), b.recv_splits, b.send_splits, group, overlap
             )
         if not overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)
+        if returns and fan_out:
+            finish_return(*returns.pop())  # bucket k-1: its fan-out travels while k+1 computes
         returns.append((b, back, back_work))
     for b, back, back_work in returns:
-        _wait(back_work, stats)
-        b.unpack_results(back, updates, out)
+        finish_return(b, back, back_work)
+    for b, gathered, fan_work in fans:
+        _wait(fan_work, stats)
+        b.unpack_fan_out(gathered, positions, updates, out)
     return out  # type: ignore[return-value]
 
 
@@ -207,31 +355,53 @@ def replicated_orthogonalize(
     updates[i]: the whole update of spec i, identical on every rank (DDP all-reduced gradients).
     """
     rank, group, world = domain.rank, domain.group, plan.world
-    specs, owners = plan.specs, plan.owners
+    specs, members = plan.specs, plan.members
     out: list[Tensor | None] = [None] * len(specs)
-    pending: list[tuple[list[list[int]], Tensor, int, dist.Work | None]] = []
+    pending: list[tuple[list[int], Tensor, int, dist.Work | None]] = []
+
+    def block(i: int, r: int) -> tuple[int, int, int, int]:
+        return specs[i].block(len(members[i]), members[i].index(r))
+
     for bucket in plan.buckets:
-        by_owner = [_owned_in(bucket, owners, r) for r in range(world)]
-        mine = by_owner[rank]
-        fulls = {i: updates[i].reshape(specs[i].m, specs[i].n) for i in mine}
-        results = _orthogonalize_owned(mine, fulls, specs)
+        bucket = list(bucket)
+        blocks = {}
+        for i in bucket:
+            if rank in members[i]:
+                r0, r1, c0, c1 = block(i, rank)
+                blocks[i] = updates[i].reshape(specs[i].m, specs[i].n)[r0:r1, c0:c1]
+        results = _compute(plan, domain, blocks)
         dtype, device = updates[bucket[0]].dtype, updates[bucket[0]].device
-        sizes = [sum(specs[i].numel for i in by_owner[r]) for r in range(world)]
+        sizes = [0] * world
+        for i in bucket:
+            for r in members[i]:
+                r0, r1, c0, c1 = block(i, r)
+                sizes[r] += (r1 - r0) * (c1 - c0)
         width = max(sizes)
         send = torch.zeros(width, dtype=dtype, device=device)
-        if mine:
-            send[: sizes[rank]] = torch.cat([results[i].reshape(-1).to(dtype) for i in mine])
+        parts = [results[i].reshape(-1).to(dtype) for i in bucket if i in results and results[i].numel()]
+        if parts:
+            send[: sizes[rank]] = torch.cat(parts)
         gathered = torch.empty(world * width, dtype=dtype, device=device)
         with _exposed(stats, blocking=not overlap):
             work = _all_gather(gathered, send, group=group, async_op=overlap)
-        pending.append((by_owner, gathered, width, work))
-    for by_owner, gathered, width, work in pending:
+        pending.append((bucket, gathered, width, work))
+    for bucket, gathered, width, work in pending:
         _wait(work, stats)
-        for r in range(world):
-            cursor = r * width
-            for i in by_owner[r]:
-                out[i] = gathered[cursor : cursor + specs[i].numel].view(updates[i].shape)
-                cursor += specs[i].numel
+        cursors = [r * width for r in range(world)]
+        for i in bucket:
+            spec = specs[i]
+            if len(members[i]) == 1:
+                r = members[i][0]
+                out[i] = gathered[cursors[r] : cursors[r] + spec.numel].view(updates[i].shape)
+                cursors[r] += spec.numel
+                continue
+            whole = torch.empty(spec.m, spec.n, dtype=gathered.dtype, device=gathered.device)
+            for r in members[i]:
+                r0, r1, c0, c1 = block(i, r)
+                count = (r1 - r0) * (c1 - c0)
+                whole[r0:r1, c0:c1] = gathered[cursors[r] : cursors[r] + count].view(r1 - r0, c1 - c0)
+                cursors[r] += count
+            out[i] = whole.view(updates[i].shape)
     return out  # type: ignore[return-value]
 
 
@@ -272,7 +442,8 @@ def naive_orthogonalize(
             if wait is not None:
                 full = wait()
         o = orthogonalize_batch(full.reshape(1, spec.m, spec.n), spec.ns)[0]
-        start = spec.offsets()[domain.rank]
-        rows = spec.rows[domain.rank]
+        shard = domain.rank % domain.replica_size
+        start = spec.offsets()[shard]
+        rows = spec.rows[shard]
         out.append(o[start : start + rows].reshape(u.shape))
     return out

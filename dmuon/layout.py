@@ -8,6 +8,10 @@ Three layouts matter to Muon, which must orthogonalise whole matrices:
                 holds the same whole matrix; owners share the NS work and broadcast results.
 - "sharded":    a DTensor with Shard(0) over one mesh dimension (FSDP2; HSDP's shard dimension):
                 rank r holds rows [offset_r, offset_r + rows_r) in torch.chunk order, possibly none.
+                Under HSDP (a 2-D mesh, Replicate() on the other dimension) the domain is the whole
+                (replicate x shard) mesh: the replicas hold identical rows after HSDP's gradient
+                reduction, so every rank of every replica takes a share of the Newton-Schulz work
+                and the results are fanned out over the replicate dimension.
 
 Layouts are compared by value (`Domain`), never by param identity, because Accelerate and FSDP2
 replace the param objects after the optimizer is built.
@@ -27,29 +31,71 @@ LayoutKind = Literal["local", "replicated", "sharded"]
 
 @dataclass(frozen=True)
 class Domain:
-    """A set of ranks that exchange Muon matrices, and how matrices are spread over them.
+    """A set of ranks that share the Muon work, and how matrices are spread over them.
 
-    group:  the process group of the exchange (None for "local").
-    ranks:  global ranks of the group, in group-rank order (the plan is keyed by group rank).
+    group:  the process group of the exchange: the shard group of this rank's replica (sharded),
+            the DDP group (replicated), None (local).
+    ranks:  global ranks of the domain in domain-rank order (the plan is keyed by domain rank):
+            replica-major, so domain rank w is shard rank w % ranks_per_replica of replica
+            w // ranks_per_replica. One replica unless HSDP.
+    replicate_group: HSDP: this rank's group over the replicate dimension (same shard rank in every
+            replica), in replica order; None with one replica.
+    ranks_per_replica: ranks of one replica (the shard group's size); 0 means all of `ranks`.
     """
 
     kind: LayoutKind
     group: dist.ProcessGroup | None
     ranks: tuple[int, ...]
+    replicate_group: dist.ProcessGroup | None = None
+    ranks_per_replica: int = 0
 
     @property
     def world(self) -> int:
         return len(self.ranks) if self.ranks else 1
 
     @property
+    def replica_size(self) -> int:
+        return self.ranks_per_replica or self.world
+
+    @property
+    def replicas(self) -> int:
+        return self.world // self.replica_size
+
+    @property
     def rank(self) -> int:
         """This process's rank inside the domain."""
         if self.group is None:
             return 0
-        return dist.get_rank(self.group)
+        return self.ranks.index(dist.get_rank())
 
     def key(self) -> tuple:
-        return (self.kind, self.ranks)
+        return (self.kind, self.ranks, self.replica_size)
+
+    def collective_group(self) -> dist.ProcessGroup | None:
+        """A group over all the domain's ranks (for plan agreement and broadcasts)."""
+        if self.replicas == 1:
+            return self.group
+        return process_group_for(self.ranks)
+
+
+_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def process_group_for(ranks: tuple[int, ...] | list[int]) -> dist.ProcessGroup:
+    """A process group over `ranks` (global), created once per process and cached.
+
+    Only the members call this (use_local_synchronization): the group is named by its ranks, so
+    members meet however many other groups each of them created before. Group ranks follow the
+    sorted global ranks.
+    """
+    key = tuple(sorted(ranks))
+    if key == tuple(range(dist.get_world_size())):
+        return dist.group.WORLD
+    group = _GROUPS.get(key)
+    if group is None:
+        group = dist.new_group(list(key), use_local_synchronization=True)
+        _GROUPS[key] = group
+    return group
 
 
 def chunk_rows(rows: int, world: int) -> tuple[int, ...]:
@@ -74,8 +120,12 @@ def detect_domain(
     *,
     process_group: dist.ProcessGroup | None = None,
     plain_tensors: Literal["replicated", "local"] = "replicated",
+    replicate_across: bool = True,
 ) -> tuple[Domain, tuple[int, ...] | None]:
-    """The exchange domain of `p` and, for sharded params, the rows each domain rank holds.
+    """The exchange domain of `p` and, for sharded params, the rows each shard rank holds.
+
+    `replicate_across=False` keeps an HSDP domain to the shard group (every replica repeats the
+    Newton-Schulz work; the behaviour before replicas shared it).
 
     Raises ValueError for layouts Muon cannot serve exactly (Shard(1), tensor parallel, Partial),
     naming the param and what to change.
@@ -112,6 +162,21 @@ def detect_domain(
                 f"{_describe(name, p)}: local shard has {local_rows} rows but Shard(0) in torch.chunk "
                 f"order gives rank {my} {rows[my]}; uneven custom sharding is not supported"
             )
+        if mesh.ndim == 2 and replicate_across:
+            # HSDP: plan over the whole mesh, replica-major; fan results out over the other dim.
+            replicate_dim = 1 - mesh_dim
+            ranks = tuple(int(r) for r in mesh.mesh.permute(replicate_dim, mesh_dim).flatten().tolist())
+            return (
+                Domain(
+                    "sharded",
+                    group,
+                    ranks,
+                    replicate_group=mesh.get_group(replicate_dim),
+                    ranks_per_replica=world,
+                ),
+                rows,
+            )
+        # FSDP2, or a mesh with several replicate dimensions: every replica repeats the shard group's work.
         return Domain("sharded", group, _group_ranks(group)), rows
     if plain_tensors == "local" or not (dist.is_available() and dist.is_initialized()):
         return Domain("local", None, ()), None

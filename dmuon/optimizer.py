@@ -32,7 +32,7 @@ from dmuon.comm import (
 from dmuon.functional import NSConfig
 from dmuon.layout import Domain, detect_domain, local_tensor
 from dmuon.newton_schulz import ALGORITHMS, COEFFICIENT_SCHEDULES, DEFAULT_EPS, coefficient_schedule
-from dmuon.planner import STRATEGIES, CostModel, MatrixSpec, Plan, build_plan
+from dmuon.planner import SPLIT_MODES, STRATEGIES, CostModel, MatrixSpec, Plan, build_plan
 
 OPTIMIZER_ALGORITHMS = ("muon", "adamw")
 DISTRIBUTIONS = ("owner", "naive")
@@ -141,6 +141,12 @@ class Muon(Optimizer):
         bucket_mb: bytes of whole matrices per pipeline bucket.
         overlap: pipeline buckets (exchange of k+1 and return of k travel while k computes).
         milp_time_limit: seconds HiGHS may spend on one plan.
+        split: "auto" (the planner splits a matrix over a group of k ranks, each orthogonalising a
+            column chunk with exact collectives (dmuon.split_ns), only where that matrix alone would
+            outlast the ideal per-rank load: big matrices at large W), "off" (one owner per matrix),
+            or "always" (every matrix split over a whole replica; for tests and benchmarks).
+        hsdp_replicas: "share" (HSDP: plan over every rank of every replica and fan the results out
+            over the replicate dimension) or "repeat" (each replica repeats its shard group's work).
     """
 
     def __init__(
@@ -172,10 +178,14 @@ class Muon(Optimizer):
         bucket_mb: float = 64.0,
         overlap: bool = True,
         milp_time_limit: float = 5.0,
+        split: str = "auto",
+        hsdp_replicas: str = "share",
     ) -> None:
         _validate_distribution_options(
-            plain_tensors, distribution, planner, cost_model, bucket_mb, milp_time_limit
+            plain_tensors, distribution, planner, cost_model, bucket_mb, milp_time_limit, split, hsdp_replicas
         )
+        self._split = split
+        self._share_replicas = hsdp_replicas == "share"
         self._process_group = process_group
         self._device_mesh = device_mesh
         self._plain_tensors = plain_tensors
@@ -350,7 +360,11 @@ class Muon(Optimizer):
                     f"device_mesh={self._device_mesh}; shard it on that mesh or drop the pin"
                 )
             domain, rows = detect_domain(
-                item.param, item.name, process_group=self._process_group, plain_tensors=self._plain_tensors
+                item.param,
+                item.name,
+                process_group=self._process_group,
+                plain_tensors=self._plain_tensors,
+                replicate_across=self._share_replicas and self._distribution == "owner",
             )
             m, n = F.matrix_shape(item.shape)
             entry = domains.setdefault(domain.key(), (domain, [], []))
@@ -385,7 +399,7 @@ class Muon(Optimizer):
             box: list[Plan | None] = [None]
             if domain.rank == 0:
                 box[0] = self._build_plan(domain, specs, cost)
-            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.group)
+            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.collective_group())
             plan = box[0]
             assert plan is not None
         else:
@@ -402,6 +416,8 @@ class Muon(Optimizer):
             cost=cost,
             bucket_bytes=self._bucket_bytes,
             milp_time_limit=self._milp_time_limit,
+            split=self._split,
+            ranks_per_replica=domain.replica_size,
         )
 
     def _cost_model_for(self, domain: Domain, specs: list[MatrixSpec]) -> CostModel:
@@ -429,7 +445,7 @@ class Muon(Optimizer):
             model.save(path)
             box[0] = model
         if domain.group is not None and domain.world > 1:
-            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.group)
+            dist.broadcast_object_list(box, src=domain.ranks[0], group=domain.collective_group())
         model = box[0]
         assert model is not None
         self._cost_models[key] = model
@@ -493,7 +509,7 @@ def _check_plans_agree(domain: Domain, plan: Plan) -> None:
     if domain.group is None or domain.world == 1:
         return
     digests: list[str | None] = [None] * domain.world
-    dist.all_gather_object(digests, plan.digest(), group=domain.group)
+    dist.all_gather_object(digests, plan.digest(), group=domain.collective_group())
     if len(set(digests)) != 1:
         raise RuntimeError(
             f"dmuon: ranks {list(domain.ranks)} built different Muon plans (digests {digests}). Every rank "
@@ -508,7 +524,13 @@ def _validate_distribution_options(
     cost_model: str | CostModel,
     bucket_mb: float,
     milp_time_limit: float,
+    split: str,
+    hsdp_replicas: str,
 ) -> None:
+    if split not in SPLIT_MODES:
+        raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
+    if hsdp_replicas not in ("share", "repeat"):
+        raise ValueError(f"hsdp_replicas must be 'share' or 'repeat', got {hsdp_replicas!r}")
     if plain_tensors not in ("replicated", "local"):
         raise ValueError(f"plain_tensors must be 'replicated' or 'local', got {plain_tensors!r}")
     if distribution not in DISTRIBUTIONS:

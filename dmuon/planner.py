@@ -1,6 +1,7 @@
-"""Who orthogonalises which matrix: owner assignment, same-shape batching, pipeline buckets.
+"""Who orthogonalises which matrix: owners or split groups, same-shape batching, pipeline buckets.
 
-Every Muon matrix gets exactly one owner rank in its domain. The plan is a pure function of the
+Every Muon matrix gets one owner rank in its domain, or (split) a group of k ranks that runs Newton-Schulz
+on it together, each member on a column chunk (dmuon.split_ns). The plan is a pure function of the
 matrix specs (names, shapes, NS settings, rows per rank), the world size and the cost model, so
 every rank computes the same plan; ties break by matrix name. MILP plans are solved on one rank and
 broadcast by the caller, since a time-limited solver need not stop at the same point everywhere.
@@ -16,8 +17,21 @@ Strategies:
   slowest rank's load z (+ a small weight on total work), subject to covering every matrix. Solved
   with scipy's HiGHS under a time limit; falls back to LPT if it fails or is not better.
 
+Splitting (`split`): a domain of W ranks is `W / ranks_per_replica` replicas (HSDP; 1 for FSDP2 and
+DDP) and a split group is an aligned block of k ranks inside one replica (k divides ranks_per_replica),
+so that its members can gather their column chunks from their own shard group.
+- "off":    owners only.
+- "auto":   a matrix is split only if it alone costs more than the ideal per-rank load (the total work /
+            W), which no owner-only plan can finish under; it goes to the smallest k whose per-member
+            time (1/k of the FLOPs + the m x m all-reduces and all-gathers, alpha-beta) fits in that
+            load, or the k that minimises it. Everything else keeps one owner. With no such matrix
+            (the common case at small W) the plan is the owner-only plan, so splitting can only help.
+- "always": every non-empty matrix is split over a whole replica (tests and benchmarks).
+Jobs (owner: 1 rank, split: k ranks) are placed longest first on the least loaded rank or aligned
+group (LPT generalised to gangs); MILP plans refine buckets that hold no split job.
+
 Buckets are consecutive runs of the matrices in decreasing cost order (about `bucket_bytes` each);
-owners are balanced inside every bucket, since buckets run one after another.
+jobs are balanced inside every bucket, since buckets run one after another.
 """
 
 from __future__ import annotations
@@ -34,9 +48,13 @@ import torch
 
 from dmuon.functional import NSConfig
 from dmuon.newton_schulz import ns_flops
+from dmuon.split_ns import chunk_sizes, split_collectives
 
 STRATEGIES = ("lpt", "milp")
+SPLIT_MODES = ("off", "auto", "always")
 DEFAULT_FLOPS_PER_SECOND = 1e11  # nominal: only ratios matter for balance; calibration replaces it
+DEFAULT_LATENCY_S = 20e-6  # per message of a collective (alpha)
+DEFAULT_BANDWIDTH = 25e9  # bytes per second per rank (1 / beta)
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,11 @@ class MatrixSpec:
     def numel(self) -> int:
         return self.m * self.n
 
+    @property
+    def tall(self) -> bool:
+        """NS runs on the transpose (rows > cols): the columns of X are the rows of the parameter."""
+        return self.m > self.n
+
     def offsets(self) -> tuple[int, ...]:
         """First row of each rank's shard (sharded specs only)."""
         assert self.rows is not None
@@ -70,6 +93,19 @@ class MatrixSpec:
             out.append(acc)
             acc += r
         return tuple(out)
+
+    def block(self, members: int, index: int) -> tuple[int, int, int, int]:
+        """(row0, row1, col0, col1) of the (m, n) view that split member `index` of `members` works on.
+
+        The members split X (the view, transposed when tall) by columns in torch.chunk order: a tall
+        matrix by its rows, a wide one by its columns. One member (an owner) gets the whole matrix.
+        """
+        if members == 1:
+            return (0, self.m, 0, self.n)
+        sizes = chunk_sizes(max(self.m, self.n), members)
+        start = sum(sizes[:index])
+        stop = start + sizes[index]
+        return (start, stop, 0, self.n) if self.tall else (0, self.m, start, stop)
 
 
 def _class_key(cls: tuple[int, int, NSConfig]) -> str:
@@ -88,6 +124,35 @@ class CostModel:
 
     flops_per_second: float = DEFAULT_FLOPS_PER_SECOND
     profile: dict[str, dict[int, float]] = field(default_factory=dict)
+    latency_s: float = DEFAULT_LATENCY_S
+    bandwidth: float = DEFAULT_BANDWIDTH
+    ranks_per_node: int = 0  # > 0: groups wider than a node run at inter_node_bandwidth
+    inter_node_bandwidth: float = 0.0
+
+    def collective_seconds(self, kind: str, nbytes: float, members: int) -> float:
+        """Ring all-reduce or all-gather of `nbytes` (the whole result) over `members` aligned ranks."""
+        if members <= 1:
+            return 0.0
+        steps = 2 * (members - 1) if kind == "all_reduce" else members - 1
+        bandwidth = self.bandwidth
+        if self.ranks_per_node and members > self.ranks_per_node and self.inter_node_bandwidth > 0:
+            bandwidth = self.inter_node_bandwidth
+        return steps * self.latency_s + steps / members * nbytes / bandwidth
+
+    def split_comm_seconds(self, cls: tuple[int, int, NSConfig], batch: int, members: int) -> float:
+        """The m x m collectives of one split NS call on a batch (m: the short side)."""
+        m, n, ns = cls
+        reduces, gathers = split_collectives(ns.algorithm_for((m, n)), ns.steps)
+        nbytes = batch * min(m, n) ** 2 * 4
+        return reduces * self.collective_seconds("all_reduce", nbytes, members) + gathers * (
+            self.collective_seconds("all_gather", nbytes, members)
+        )
+
+    def split_seconds(self, cls: tuple[int, int, NSConfig], batch: int, members: int) -> float:
+        """Seconds each of `members` ranks spends on a batch split over them: 1/k of the work + comm."""
+        if members == 1:
+            return self.batch_seconds(cls, batch)
+        return self.batch_seconds(cls, batch) / members + self.split_comm_seconds(cls, batch, members)
 
     def batch_seconds(self, cls: tuple[int, int, NSConfig], batch: int) -> float:
         m, n, ns = cls
@@ -123,7 +188,10 @@ class CostModel:
         data = json.loads(Path(path).read_text())
         profile = {k: {int(b): float(s) for b, s in v.items()} for k, v in data.get("profile", {}).items()}
         return cls(
-            flops_per_second=float(data.get("flops_per_second", DEFAULT_FLOPS_PER_SECOND)), profile=profile
+            flops_per_second=float(data.get("flops_per_second", DEFAULT_FLOPS_PER_SECOND)),
+            profile=profile,
+            latency_s=float(data.get("latency_s", DEFAULT_LATENCY_S)),
+            bandwidth=float(data.get("bandwidth", DEFAULT_BANDWIDTH)),
         )
 
     def save(self, path: Path) -> None:
@@ -131,7 +199,15 @@ class CostModel:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
-            json.dumps({"flops_per_second": self.flops_per_second, "profile": self.profile}, indent=1)
+            json.dumps(
+                {
+                    "flops_per_second": self.flops_per_second,
+                    "latency_s": self.latency_s,
+                    "bandwidth": self.bandwidth,
+                    "profile": self.profile,
+                },
+                indent=1,
+            )
         )
         tmp.replace(path)  # atomic: concurrent readers never see half a file
 
@@ -166,11 +242,15 @@ class CostModel:
 
 @dataclass(frozen=True)
 class Plan:
-    """Owners, buckets and predicted per-rank work for one domain.
+    """Owners or split groups, buckets and predicted per-rank work for one domain.
 
-    owners[i]:  domain rank that orthogonalises specs[i].
-    buckets:    matrix indices per pipeline stage, each in ascending index order.
-    rank_seconds: predicted NS seconds per rank (batch-aware).
+    members[i]:   domain ranks that orthogonalise specs[i]: one (its owner) or an aligned group of k
+                  (a split); owners[i] is members[i][0].
+    buckets:      matrix indices per pipeline stage, each in ascending index order.
+    rank_seconds: predicted NS seconds per rank (batch-aware, split collectives included).
+    ranks_per_replica: domain ranks per replica (HSDP: the shard group size; W otherwise). Domain
+                  rank w is shard rank w % ranks_per_replica of replica w // ranks_per_replica.
+    work_seconds: predicted NS seconds of all the work, without the split collectives.
     """
 
     world: int
@@ -180,12 +260,39 @@ class Plan:
     rank_seconds: tuple[float, ...]
     strategy: str
     bucket_seconds: tuple[tuple[float, ...], ...] = ()
+    members: tuple[tuple[int, ...], ...] = ()
+    ranks_per_replica: int = 0
+    work_seconds: float = -1.0
+    split: str = "off"
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            object.__setattr__(self, "members", tuple((o,) for o in self.owners))
+        if not self.ranks_per_replica:
+            object.__setattr__(self, "ranks_per_replica", self.world)
+        if self.work_seconds < 0:
+            object.__setattr__(self, "work_seconds", sum(self.rank_seconds))
+
+    @property
+    def replicas(self) -> int:
+        return self.world // self.ranks_per_replica
+
+    def replica_of(self, i: int) -> int:
+        """The replica whose ranks orthogonalise specs[i]."""
+        return self.members[i][0] // self.ranks_per_replica
+
+    @property
+    def split_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, group in enumerate(self.members) if len(group) > 1)
 
     @property
     def efficiency(self) -> float:
-        """Balance efficiency: ideal per-rank cost (mean) / slowest rank's cost; 1.0 is perfect."""
+        """Balance efficiency: ideal per-rank cost (all work / W) over the slowest rank's; 1.0 is perfect.
+
+        Split collectives count against it: they are time on the slowest rank, not useful work.
+        """
         worst = max(self.rank_seconds) if self.rank_seconds else 0.0
-        return (sum(self.rank_seconds) / self.world) / worst if worst > 0 else 1.0
+        return (self.work_seconds / self.world) / worst if worst > 0 else 1.0
 
     @property
     def stage_efficiency(self) -> float:
@@ -204,47 +311,97 @@ class Plan:
 
     def digest(self) -> str:
         payload = json.dumps(
-            [self.world, [(s.name, s.m, s.n, s.rows) for s in self.specs], self.owners, self.buckets]
+            [
+                self.world,
+                self.ranks_per_replica,
+                [(s.name, s.m, s.n, s.rows) for s in self.specs],
+                self.members,
+                self.buckets,
+            ]
         )
         return hashlib.sha1(payload.encode()).hexdigest()
 
-    def traffic(self, element_size: int = 4) -> list[tuple[int, int]]:
-        """(bytes sent, bytes received) per rank for one step, both directions of the exchange.
+    def pieces(self, i: int) -> list[tuple[int, int, int, int, int, int]]:
+        """The forward exchange of sharded specs[i]: (source shard rank, member index, row0, row1,
+        col0, col1) of every non-empty piece of the (m, n) view a shard rank of the computing replica
+        sends to a member (the reverse exchange sends the same pieces of the result back)."""
+        spec, group = self.specs[i], self.members[i]
+        assert spec.rows is not None
+        offsets = spec.offsets()
+        out = []
+        for j in range(len(group)):
+            r0, r1, c0, c1 = spec.block(len(group), j)
+            for s, rows in enumerate(spec.rows):
+                lo, hi = max(r0, offsets[s]), min(r1, offsets[s] + rows)
+                if hi > lo and c1 > c0:
+                    out.append((s, j, lo, hi, c0, c1))
+        return out
 
-        Sharded: each shard row travels to its owner and the orthogonalised row travels back.
-        Replicated: each owner's results reach every other rank (an all-gather, padding excluded).
+    def traffic(self, element_size: int = 4) -> list[tuple[int, int]]:
+        """(bytes sent, bytes received) per rank for one step.
+
+        Sharded: each piece of a shard travels to its owner or split member and the result travels
+        back; with replicas (HSDP), each rank's result rows reach the same shard rank of every other
+        replica. Replicated: each owner's (or member's) results reach every other rank. Split
+        matrices add their m x m all-reduces and all-gathers (ring volumes).
         """
         sent = [0] * self.world
         received = [0] * self.world
-        for spec, owner in zip(self.specs, self.owners):
+        size = self.ranks_per_replica
+        for i, spec in enumerate(self.specs):
+            group = self.members[i]
             if spec.rows is not None:
-                for r, rows in enumerate(spec.rows):
-                    if r == owner or rows == 0:
+                base = self.replica_of(i) * size
+                for s, j, lo, hi, c0, c1 in self.pieces(i):
+                    src, dst = base + s, group[j]
+                    if src == dst:
                         continue
+                    nbytes = (hi - lo) * (c1 - c0) * element_size
+                    sent[src] += nbytes  # the shard piece to the member
+                    received[dst] += nbytes
+                    sent[dst] += nbytes  # the result piece back
+                    received[src] += nbytes
+                for s, rows in enumerate(spec.rows):
                     nbytes = rows * spec.n * element_size
-                    sent[r] += nbytes  # shard to the owner
-                    received[owner] += nbytes
-                    sent[owner] += nbytes  # result rows back
-                    received[r] += nbytes
+                    for replica in range(self.replicas):
+                        if replica * size != base:
+                            sent[base + s] += nbytes
+                            received[replica * size + s] += nbytes
             else:
-                nbytes = spec.numel * element_size
-                sent[owner] += nbytes * (self.world - 1)
-                for r in range(self.world):
-                    if r != owner:
-                        received[r] += nbytes
+                for j, w in enumerate(group):
+                    r0, r1, c0, c1 = spec.block(len(group), j)
+                    nbytes = (r1 - r0) * (c1 - c0) * element_size
+                    sent[w] += nbytes * (self.world - 1)
+                    for r in range(self.world):
+                        if r != w:
+                            received[r] += nbytes
+            k = len(group)
+            if k > 1:
+                reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
+                mm = min(spec.m, spec.n) ** 2 * element_size
+                volume = int((2 * reduces + gathers) * (k - 1) / k * mm)
+                for w in group:
+                    sent[w] += volume
+                    received[w] += volume
         return list(zip(sent, received))
 
     def rows(self) -> list[dict]:
-        """Per-rank summary: matrices owned, batched NS calls, predicted seconds, bytes."""
+        """Per-rank summary: matrices owned, split jobs joined, batched classes, seconds, bytes."""
         counts = [0] * self.world
+        splits = [0] * self.world
         classes: list[set] = [set() for _ in range(self.world)]
-        for spec, owner in zip(self.specs, self.owners):
-            counts[owner] += 1
-            classes[owner].add(spec.shape_class)
+        for spec, group in zip(self.specs, self.members):
+            for r in group:
+                if len(group) == 1:
+                    counts[r] += 1
+                else:
+                    splits[r] += 1
+                classes[r].add(spec.shape_class)
         return [
             {
                 "rank": r,
                 "matrices": counts[r],
+                "split_jobs": splits[r],
                 "shape_classes": len(classes[r]),
                 "predicted_s": self.rank_seconds[r],
                 "bytes_sent": sent,
@@ -253,47 +410,132 @@ class Plan:
             for r, (sent, received) in enumerate(self.traffic())
         ]
 
+    def split_groups(self) -> list[dict]:
+        """One row per (shape, group size) of the split matrices: how many, over which groups."""
+        rows: dict[tuple[int, int, int], dict] = {}
+        for i in self.split_indices:
+            spec, group = self.specs[i], self.members[i]
+            row = rows.setdefault(
+                (spec.m, spec.n, len(group)),
+                {"shape": (spec.m, spec.n), "ranks": len(group), "matrices": 0, "groups": set()},
+            )
+            row["matrices"] += 1
+            row["groups"].add(group)
+        return [
+            {**row, "groups": sorted(row["groups"])}
+            for _, row in sorted(rows.items(), key=lambda kv: (-kv[0][0] * kv[0][1], kv[0]))
+        ]
+
     def table(self) -> str:
+        replicas = f", {self.replicas} replicas x {self.ranks_per_replica}" if self.replicas > 1 else ""
         lines = [
-            f"plan: {len(self.specs)} matrices on {self.world} ranks, strategy {self.strategy}, "
-            f"{len(self.buckets)} bucket(s), balance efficiency {self.efficiency:.3f} "
-            f"(per bucket {self.stage_efficiency:.3f})",
-            f"{'rank':>4} {'matrices':>8} {'classes':>7} {'pred. ms':>9} {'sent MB':>8} {'recv MB':>8}",
+            f"plan: {len(self.specs)} matrices on {self.world} ranks{replicas}, strategy {self.strategy}, "
+            f"split {self.split} ({len(self.split_indices)} split), {len(self.buckets)} bucket(s), "
+            f"balance efficiency {self.efficiency:.3f} (per bucket {self.stage_efficiency:.3f})",
+            f"{'rank':>4} {'matrices':>8} {'split':>5} {'classes':>7} {'pred. ms':>9} {'sent MB':>8} "
+            f"{'recv MB':>8}",
         ]
         for row in self.rows():
             lines.append(
-                f"{row['rank']:>4} {row['matrices']:>8} {row['shape_classes']:>7} "
+                f"{row['rank']:>4} {row['matrices']:>8} {row['split_jobs']:>5} {row['shape_classes']:>7} "
                 f"{row['predicted_s'] * 1e3:>9.2f} {row['bytes_sent'] / 2**20:>8.2f} "
                 f"{row['bytes_received'] / 2**20:>8.2f}"
+            )
+        for row in self.split_groups():
+            groups = row["groups"]
+            shown = ", ".join(f"{g[0]}-{g[-1]}" for g in groups[:4]) + (", ..." if len(groups) > 4 else "")
+            lines.append(
+                f"split: {row['matrices']} x {row['shape'][0]}x{row['shape'][1]} over {row['ranks']} ranks "
+                f"each, {len(groups)} group(s): {shown}"
             )
         return "\n".join(lines)
 
 
+def _group_of(member: int | Sequence[int]) -> tuple[int, ...]:
+    return (member,) if isinstance(member, int) else tuple(member)
+
+
 def rank_loads(
-    specs: Sequence[MatrixSpec], owners: Sequence[int], world: int, cost: CostModel
+    specs: Sequence[MatrixSpec],
+    members: Sequence[int] | Sequence[Sequence[int]],
+    world: int,
+    cost: CostModel,
+    *,
+    comm: bool = True,
 ) -> tuple[float, ...]:
-    """Batch-aware predicted seconds per rank: a rank batches all its matrices of one class."""
-    counts: dict[tuple[int, tuple], int] = defaultdict(int)
-    for spec, owner in zip(specs, owners):
-        counts[(owner, spec.shape_class)] += 1
+    """Batch-aware predicted seconds per rank: an owner batches all its matrices of one class, a split
+    group all its split matrices of one class; `members[i]` is an owner rank or a group of ranks.
+    `comm=False` leaves out the split collectives (the useful work only)."""
+    counts: dict[tuple[tuple[int, ...], tuple], int] = defaultdict(int)
+    for spec, member in zip(specs, members):
+        counts[(_group_of(member), spec.shape_class)] += 1
     loads = [0.0] * world
-    for (owner, cls), count in counts.items():
-        loads[owner] += cost.batch_seconds(cls, count)
+    for (group, cls), count in counts.items():
+        k = len(group)
+        seconds = cost.batch_seconds(cls, count) / k
+        if comm and k > 1:
+            seconds += cost.split_comm_seconds(cls, count, k)
+        for r in group:
+            loads[r] += seconds
     return tuple(loads)
+
+
+def _cost_order(specs: Sequence[MatrixSpec], cost: CostModel) -> list[int]:
+    return sorted(
+        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
+    )
+
+
+def assign_jobs(
+    specs: Sequence[MatrixSpec], sizes: Sequence[int], world: int, cost: CostModel
+) -> tuple[tuple[int, ...], ...]:
+    """LPT over gangs: jobs longest first; a 1-rank job to the least loaded rank, a k-rank job to the
+    aligned group of k whose busiest member is least loaded; ties by name, then lowest rank."""
+    loads = torch.zeros(world, dtype=torch.float64)
+    members: list[tuple[int, ...]] = [()] * len(specs)
+    for i in _cost_order(specs, cost):
+        k = sizes[i]
+        seconds = cost.split_seconds(specs[i].shape_class, 1, k)
+        if k == 1:
+            r = int(torch.argmin(loads))  # the first minimum: lowest rank on ties
+            group: tuple[int, ...] = (r,)
+            loads[r] += seconds
+        else:
+            g = int(torch.argmin(loads.view(-1, k).amax(dim=1)))
+            group = tuple(range(g * k, (g + 1) * k))
+            loads[g * k : (g + 1) * k] += seconds
+        members[i] = group
+    return tuple(members)
 
 
 def assign_lpt(specs: Sequence[MatrixSpec], world: int, cost: CostModel) -> tuple[int, ...]:
     """Longest processing time first; ties by name, then by lowest rank."""
-    order = sorted(
-        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
-    )
-    loads = [0.0] * world
-    owners = [0] * len(specs)
-    for i in order:
-        r = min(range(world), key=lambda k: (loads[k], k))
-        owners[i] = r
-        loads[r] += cost.matrix_seconds(specs[i].shape_class)
-    return tuple(owners)
+    return tuple(group[0] for group in assign_jobs(specs, [1] * len(specs), world, cost))
+
+
+def split_sizes(
+    specs: Sequence[MatrixSpec], world: int, ranks_per_replica: int, cost: CostModel, mode: str
+) -> tuple[int, ...]:
+    """Ranks per matrix (1: one owner) under split `mode` (see the module docstring)."""
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"split must be one of {SPLIT_MODES}, got {mode!r}")
+    candidates = [k for k in range(2, ranks_per_replica + 1) if ranks_per_replica % k == 0]
+    if mode == "off" or not candidates:
+        return (1,) * len(specs)
+    if mode == "always":
+        return tuple(ranks_per_replica if s.numel else 1 for s in specs)
+    ideal = sum(cost.matrix_seconds(s.shape_class) for s in specs) / world
+    sizes = []
+    for spec in specs:
+        alone = cost.matrix_seconds(spec.shape_class)
+        if not spec.numel or alone <= ideal:
+            sizes.append(1)
+            continue
+        options = [(cost.split_seconds(spec.shape_class, 1, k), k) for k in candidates]
+        fitting = [k for seconds, k in options if seconds <= ideal]
+        k = min(fitting) if fitting else min(options)[1]
+        sizes.append(k if cost.split_seconds(spec.shape_class, 1, k) < alone else 1)
+    return tuple(sizes)
 
 
 def _batch_options(count: int) -> list[int]:
@@ -385,8 +627,11 @@ def assign_milp(
     return tuple(owners)
 
 
-def _lpt_efficiency(members: Sequence[MatrixSpec], world: int, cost: CostModel) -> float:
-    loads = rank_loads(members, assign_lpt(members, world, cost), world, cost)
+def _lpt_efficiency(
+    members: Sequence[MatrixSpec], world: int, cost: CostModel, sizes: Sequence[int] | None = None
+) -> float:
+    sizes = sizes or [1] * len(members)
+    loads = rank_loads(members, assign_jobs(members, sizes, world, cost), world, cost)
     worst = max(loads)
     return sum(loads) / world / worst if worst > 0 else 1.0
 
@@ -400,32 +645,36 @@ def make_buckets(
     element_size: int = 4,
     min_efficiency: float = 0.95,
     max_growth: int = 4,
+    sizes: Sequence[int] | None = None,
 ) -> tuple[tuple[int, ...], ...]:
     """Pipeline stages: consecutive runs of the matrices in decreasing cost (then name) order.
 
-    A bucket may close once it holds `bucket_bytes` and at least `world` matrices, and does close
-    as soon as LPT balances it to `min_efficiency` (or it grew `max_growth`-fold past that point).
-    Every bucket ends in a collective all ranks join, so a stage's slowest rank sets its time: a
-    stage that cannot be balanced (say 13 equal matrices on 8 ranks) grows until it can (16).
-    Neighbours in cost order are mostly same-shape, so a bucket also batches well.
+    A bucket may close once it holds `bucket_bytes` and jobs for at least `world` ranks (a split
+    matrix fills `sizes[i]` of them), and does close as soon as its jobs balance to `min_efficiency`
+    (or it grew `max_growth`-fold past that point). Every bucket ends in a collective all ranks join,
+    so a stage's slowest rank sets its time: a stage that cannot be balanced (say 13 equal matrices
+    on 8 ranks) grows until it can (16). Neighbours in cost order are mostly same-shape, so a
+    bucket also batches well.
     """
-    order = sorted(
-        range(len(specs)), key=lambda i: (-cost.matrix_seconds(specs[i].shape_class), specs[i].name)
-    )
+    sizes = list(sizes) if sizes is not None else [1] * len(specs)
     buckets: list[tuple[int, ...]] = []
     current: list[int] = []
     size = 0
+    slots = 0
     closable_at = 0  # the size at which the current bucket first could have closed
-    for i in order:
+    checked_at = 0  # the size of the last balance check: re-check after 5% growth (large worlds)
+    for i in _cost_order(specs, cost):
         current.append(i)
         size += specs[i].numel * element_size
-        if size < bucket_bytes or len(current) < world:
+        slots += sizes[i]
+        if size < bucket_bytes or slots < world or size < checked_at * 1.05:
             continue
         closable_at = closable_at or size
-        balanced = _lpt_efficiency([specs[j] for j in current], world, cost) >= min_efficiency
-        if balanced or size >= max_growth * closable_at:
+        checked_at = size
+        efficiency = _lpt_efficiency([specs[j] for j in current], world, cost, [sizes[j] for j in current])
+        if efficiency >= min_efficiency or size >= max_growth * closable_at:
             buckets.append(tuple(sorted(current)))
-            current, size, closable_at = [], 0, 0
+            current, size, slots, closable_at, checked_at = [], 0, 0, 0, 0
     if current:
         buckets.append(tuple(sorted(current)))
     return tuple(buckets)
@@ -439,48 +688,67 @@ def build_plan(
     cost: CostModel | None = None,
     bucket_bytes: int = 64 << 20,
     milp_time_limit: float = 5.0,
+    split: str = "off",
+    ranks_per_replica: int | None = None,
 ) -> Plan:
     """The plan for `specs` on `world` ranks (pure; identical on every rank for LPT).
 
     Buckets run one after another (each ends in a collective every rank joins), so the step takes
-    about the sum over buckets of the slowest rank's work: owners are balanced per bucket.
+    about the sum over buckets of the slowest rank's work: jobs are balanced per bucket.
+    `ranks_per_replica` (default `world`) bounds split groups to one replica (see the module doc).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown planner strategy {strategy!r}: use one of {STRATEGIES}")
     if world < 1:
         raise ValueError(f"world size must be >= 1, got {world}")
+    per_replica = ranks_per_replica or world
+    if per_replica < 1 or world % per_replica:
+        raise ValueError(f"ranks_per_replica ({ranks_per_replica}) must divide the world size ({world})")
     cost = cost or CostModel()
     specs = tuple(specs)
-    buckets = make_buckets(specs, world, cost, bucket_bytes=bucket_bytes)
-    owners = [0] * len(specs)
+    sizes = split_sizes(specs, world, per_replica, cost, split)
+    buckets = make_buckets(specs, world, cost, bucket_bytes=bucket_bytes, sizes=sizes)
+    members: list[tuple[int, ...]] = [()] * len(specs)
     notes: set[str] = set()
     for bucket in buckets:
-        members = [specs[i] for i in bucket]
-        chosen = assign_lpt(members, world, cost)
-        if strategy == "milp":
+        bucket_specs = [specs[i] for i in bucket]
+        bucket_sizes = [sizes[i] for i in bucket]
+        chosen = assign_jobs(bucket_specs, bucket_sizes, world, cost)
+        if strategy == "milp" and max(bucket_sizes) > 1:
+            notes.add("lpt for buckets with split matrices")
+        elif strategy == "milp":
             limit = max(0.05, milp_time_limit / len(buckets))
-            milp_owners = assign_milp(members, world, cost, time_limit=limit)
+            milp_owners = assign_milp(bucket_specs, world, cost, time_limit=limit)
             if milp_owners is None:
                 notes.add("milp found no solution or scipy is missing: lpt")
-            elif max(rank_loads(members, milp_owners, world, cost)) <= max(
-                rank_loads(members, chosen, world, cost)
+            elif max(rank_loads(bucket_specs, milp_owners, world, cost)) <= max(
+                rank_loads(bucket_specs, chosen, world, cost)
             ):
-                chosen = milp_owners
+                chosen = tuple((o,) for o in milp_owners)
             else:
                 notes.add("lpt kept where milp was not better")
-        for i, owner in zip(bucket, chosen):
-            owners[i] = owner
+        for i, group in zip(bucket, chosen):
+            members[i] = group
     per_bucket = tuple(
-        rank_loads([specs[i] for i in bucket], [owners[i] for i in bucket], world, cost) for bucket in buckets
+        rank_loads([specs[i] for i in bucket], [members[i] for i in bucket], world, cost)
+        for bucket in buckets
+    )
+    work = sum(
+        sum(rank_loads([specs[i] for i in bucket], [members[i] for i in bucket], world, cost, comm=False))
+        for bucket in buckets
     )
     loads = [sum(stage[r] for stage in per_bucket) for r in range(world)]
     used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
     return Plan(
         world=world,
         specs=specs,
-        owners=tuple(owners),
+        owners=tuple(group[0] for group in members),
         buckets=buckets,
         rank_seconds=tuple(loads),
         strategy=used,
         bucket_seconds=per_bucket,
+        members=tuple(members),
+        ranks_per_replica=per_replica,
+        work_seconds=work,
+        split=split,
     )

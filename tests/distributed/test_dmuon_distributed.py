@@ -69,15 +69,47 @@ def test_fsdp_and_ddp_match_single_process(world: int, references) -> None:
 
 @pytest.mark.parametrize("ns_algorithm", ["standard", "gram"])
 def test_hsdp_2x2_matches_single_process_and_replicas_agree(ns_algorithm: str, references) -> None:
-    results = run_ranks("workers:hsdp_scenario", 4, args=(ns_algorithm,), timeout=300)
+    results = run_ranks("workers:hsdp_scenario", 4, args=(ns_algorithm,), timeout=400)
     assert results[0]["placements"] == ("Replicate", "Shard")
-    for rank, result in enumerate(results):
-        _assert_matches(result["params"], references[ns_algorithm], f"hsdp rank {rank}")
-    # Mesh (replicate, shard): ranks 0 and 2 hold the same shard, as do 1 and 3; bitwise equal.
-    for a, b in ((0, 2), (1, 3)):
-        for name in results[a]["local"]:
-            assert torch.equal(results[a]["local"][name], results[b]["local"][name]), name
-    _assert_plans_valid([r["plans"] for r in results], "hsdp")
+    for key in ("share", "share_split", "share_split_serial", "share_buckets", "repeat"):
+        for rank, result in enumerate(results):
+            _assert_matches(result[key]["params"], references[ns_algorithm], f"hsdp {key} rank {rank}")
+        # Mesh (replicate, shard): ranks 0 and 2 hold the same shard, as do 1 and 3; bitwise equal.
+        for a, b in ((0, 2), (1, 3)):
+            for name in results[a][key]["local"]:
+                assert torch.equal(results[a][key]["local"][name], results[b][key]["local"][name]), (
+                    key,
+                    name,
+                )
+        _assert_plans_valid([r[key]["plans"] for r in results], f"hsdp {key}")
+    # Sharing: one plan over all 4 ranks, and every rank of both replicas computes something.
+    (shared,) = results[0]["share"]["plans"]
+    assert shared["world"] == 4 and sorted({g[0] for g in shared["members"]}) == [0, 1, 2, 3]
+    assert "2 replicas x 2" in results[0]["share"]["table"]
+    (split,) = results[0]["share_split"]["plans"]
+    assert len(split["split"]) == len(split["names"])  # "always": every matrix split
+    assert {len(g) for g in split["members"]} == {2}  # over one replica's shard group
+    assert {g[0] // 2 for g in split["members"]} == {0, 1}  # both replicas take split matrices
+    assert "split:" in results[0]["share_split"]["table"]
+    # The older path: a plan per shard group of 2, repeated by each replica.
+    assert [p["world"] for p in results[0]["repeat"]["plans"]] == [2]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("ns_algorithm", ["standard", "gram"])
+def test_split_matrices_match_single_process(world: int, ns_algorithm: str, references) -> None:
+    """Split over all ranks: tall (fc_in, 37 rows sharded 10/10/10/7) and wide matrices, an empty shard
+    (head, 3 rows on 4 ranks: also fewer m x m rows than ranks), 3-D/4-D weights, a batch of three
+    same-shape matrices, pipelined and serial buckets, FSDP2 and DDP."""
+    results = run_ranks("workers:split_scenarios", world, args=(ns_algorithm,), timeout=400)
+    for key in ("fsdp_split", "fsdp_split_buckets_serial", "fsdp_split_buckets_overlap", "ddp_split"):
+        for rank, result in enumerate(results):
+            _assert_matches(result[key], references[ns_algorithm], f"{key} rank {rank}/{world}")
+        _assert_plans_valid([r[key + "/plans"] for r in results], key)
+        (plan,) = results[0][key + "/plans"]
+        assert len(plan["split"]) == len(plan["names"]) and all(len(g) == world for g in plan["members"])
+    assert len(results[0]["fsdp_split_buckets_serial/plans"][0]["buckets"]) > 1
+    assert f"over {world} ranks" in results[0]["fsdp_split/table"]
 
 
 def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_1_and_4(tmp_path) -> None:

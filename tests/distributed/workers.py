@@ -110,7 +110,15 @@ def _fsdp(model: nn.Module, mesh) -> nn.Module:
 
 def _plan_info(opt: dmuon.Muon) -> list[dict]:
     return [
-        {"digest": p.digest(), "owners": p.owners, "names": [s.name for s in p.specs], "buckets": p.buckets}
+        {
+            "digest": p.digest(),
+            "owners": p.owners,
+            "members": p.members,
+            "world": p.world,
+            "names": [s.name for s in p.specs],
+            "buckets": p.buckets,
+            "split": [p.specs[i].name for i in p.split_indices],
+        }
         for p in opt.plans()
     ]
 
@@ -167,16 +175,59 @@ def fsdp_scenarios(rank: int, world: int) -> dict[str, Any]:
 
 
 def hsdp_scenario(rank: int, world: int, ns_algorithm: str) -> dict[str, Any]:
-    """HSDP on a (2 replicate x 2 shard) mesh."""
+    """HSDP on a (2 replicate x 2 shard) mesh: replicas sharing the work (split off / always, with
+    and without overlap), and the older every-replica-repeats path."""
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
-    model = _fsdp(make_model(), mesh)
-    placements = tuple(type(pl).__name__ for pl in model.fc_in.weight.placements)
-    opt = make_optimizer(model, ns_algorithm=ns_algorithm)
+    variants = {
+        "share": {"split": "off"},
+        "share_split": {"split": "always"},
+        "share_split_serial": {"split": "always", "overlap": False, "bucket_mb": 0.004},
+        "share_buckets": {"split": "off", "bucket_mb": 0.004},
+        "repeat": {"hsdp_replicas": "repeat"},
+    }
+    results: dict[str, Any] = {}
+    for key, options in variants.items():
+        model = _fsdp(make_model(), mesh)
+        results["placements"] = tuple(type(pl).__name__ for pl in model.fc_in.weight.placements)
+        opt = make_optimizer(model, ns_algorithm=ns_algorithm, **options)
+        train(model, opt, range(STEPS), rank, world)
+        results[key] = {
+            "params": full_params(model),
+            "local": {n: p.to_local().detach().clone() for n, p in model.named_parameters()},
+            "plans": _plan_info(opt),
+            "table": opt.plan_summary(),
+        }
+    return results
+
+
+def split_scenarios(rank: int, world: int, ns_algorithm: str) -> dict[str, Any]:
+    """split="always" under FSDP2 (pipelined and serial, tiny buckets) and DDP: every Muon matrix is
+    orthogonalised by all ranks together, each on a column chunk."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    mesh = init_device_mesh("cpu", (world,))
+    results: dict[str, Any] = {}
+    variants = {
+        "fsdp_split": {"split": "always"},
+        "fsdp_split_buckets_serial": {"split": "always", "bucket_mb": 0.004, "overlap": False},
+        "fsdp_split_buckets_overlap": {"split": "always", "bucket_mb": 0.004},
+    }
+    for key, options in variants.items():
+        model = _fsdp(make_model(), mesh)
+        opt = make_optimizer(model, ns_algorithm=ns_algorithm, **options)
+        train(model, opt, range(STEPS), rank, world)
+        results[key] = full_params(model)
+        results[key + "/plans"] = _plan_info(opt)
+        results[key + "/table"] = opt.plan_summary()
+    model = DDP(make_model())
+    opt = make_optimizer(model.module, ns_algorithm=ns_algorithm, split="always")
     train(model, opt, range(STEPS), rank, world)
-    local = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
-    return {"params": full_params(model), "local": local, "placements": placements, "plans": _plan_info(opt)}
+    results["ddp_split"] = full_params(model.module)
+    results["ddp_split/plans"] = _plan_info(opt)
+    return results
 
 
 def dcp_save(rank: int, world: int, directory: str, steps_before: int) -> dict[str, Any]:

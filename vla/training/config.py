@@ -130,6 +130,7 @@ class OptimConfig:
     cost_model: str = "flops"
     bucket_mb: float = 64.0
     overlap: bool = True
+    split: str = "auto"  # dmuon.Muon(split=...): "auto", "off" or "always"
     # Input/output maps of every tower go to AdamW (one regex; see vla.models.naming).
     adamw_patterns: str = (
         r"(embed_tokens|lm_head|patch_embedding|position_embedding|multi_modal_projector|state_proj"
@@ -149,6 +150,7 @@ class OptimConfig:
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
         _choice("optim.planner", self.planner, ("lpt", "milp"))
+        _choice("optim.split", self.split, ("auto", "off", "always"))
         _choice("optim.cost_model", self.cost_model, ("flops", "calibrated"))
         _choice("optim.ns_algorithm", self.ns_algorithm, ("standard", "gram", "auto"))
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

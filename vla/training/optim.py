@@ -47,6 +47,7 @@ def build_optimizer(cfg: OptimConfig, policy: nn.Module) -> torch.optim.Optimize
         cost_model=cfg.cost_model,
         bucket_mb=cfg.bucket_mb,
         overlap=cfg.overlap,
+        split=cfg.split,
     )
 
 
