@@ -1,7 +1,7 @@
 """Optimizer-step time under FSDP2 on gloo: AdamW vs naive Muon vs dmuon (LPT, MILP, ablations).
 
-    python scripts/bench_optimizer.py --nproc 2 [--preset pi0_small] [--steps 5] [--warmup 2]
-                                      [--json PATH] [--plot PATH]
+    python scripts/bench_optimizer.py --nproc 2 [--preset pi0_small | --shapes dominant] [--steps 5]
+                                      [--warmup 2] [--only CONFIG ...] [--json PATH] [--plot PATH]
 
 Re-launches itself under torchrun (one thread per rank). Each rank builds the preset's parameter
 shapes on the meta device, materialises them as FSDP2-sharded (Shard(0)) stand-ins, fills random
@@ -12,10 +12,18 @@ first step builds state and the plan). Configurations:
   naive          Muon, the DMuon paper's vanilla baseline: every rank all-gathers every matrix and
                  orthogonalises all of them, one standard-NS call each (fp32)
   dmuon_std      dmuon owners (LPT) with standard NS: the gain from sharing the work alone
-  dmuon_lpt      dmuon owners (LPT), NS "auto" (Gram on wide matrices), batching, pipelined buckets
+  dmuon_lpt      dmuon owners (LPT), NS "auto" (Gram on wide matrices), batching, pipelined buckets,
+                 split="off": one owner per matrix
   dmuon_milp     as dmuon_lpt, owners from the MILP
   dmuon_serial   as dmuon_lpt without overlap (every collective waited for at once)
+  dmuon_split    as dmuon_lpt with split="auto" (dmuon's default): the planner splits a matrix over
+                 a group of ranks where that matrix alone outlasts the ideal per-rank load
+  dmuon_split_all  as dmuon_lpt with split="always": every matrix split over all ranks
 Muon configurations route embeddings, heads, norms and biases to AdamW (dmuon.param_groups).
+
+--shapes dominant replaces the preset by a set with one dominant matrix (a 1024 x 4096 MLP-like
+matrix beside 16 matrices of 256 x 1024 and 8 of 256 x 256): no owner-only plan can finish before
+the big matrix, which is what splitting is for.
 """
 
 from __future__ import annotations
@@ -38,11 +46,18 @@ sys.path.insert(0, str(ROOT))
 CONFIGS = {
     "adamw": None,
     "naive": {"distribution": "naive", "ns_algorithm": "standard"},
-    "dmuon_std": {"planner": "lpt", "ns_algorithm": "standard"},
-    "dmuon_lpt": {"planner": "lpt", "ns_algorithm": "auto"},
-    "dmuon_milp": {"planner": "milp", "ns_algorithm": "auto"},
-    "dmuon_serial": {"planner": "lpt", "ns_algorithm": "auto", "overlap": False},
+    "dmuon_std": {"planner": "lpt", "ns_algorithm": "standard", "split": "off"},
+    "dmuon_lpt": {"planner": "lpt", "ns_algorithm": "auto", "split": "off"},
+    "dmuon_milp": {"planner": "milp", "ns_algorithm": "auto", "split": "off"},
+    "dmuon_serial": {"planner": "lpt", "ns_algorithm": "auto", "overlap": False, "split": "off"},
+    "dmuon_split": {"planner": "lpt", "ns_algorithm": "auto", "split": "auto"},
+    "dmuon_split_all": {"planner": "lpt", "ns_algorithm": "auto", "split": "always"},
 }
+DOMINANT_SHAPES = (
+    [("mlp.dominant.weight", (1024, 4096))]
+    + [(f"blocks.{i}.proj.weight", (256, 1024)) for i in range(16)]
+    + [(f"blocks.{i}.attn.weight", (256, 256)) for i in range(8)]
+)
 
 
 def preset_parameters(preset: str) -> list[tuple[str, tuple[int, ...]]]:
@@ -96,7 +111,7 @@ def worker(args: argparse.Namespace) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     mesh = init_device_mesh("cpu", (world,))
-    parameters = preset_parameters(args.preset)
+    parameters = DOMINANT_SHAPES if args.shapes == "dominant" else preset_parameters(args.preset)
     names = [name for name in CONFIGS if not args.only or name in args.only]
     setups = {}
     for name in names:
@@ -146,8 +161,9 @@ def worker(args: argparse.Namespace) -> None:
                 "buckets": len(plan.buckets),
                 "predicted_rank_s": list(plan.rank_seconds),
             }
-            if rank == 0 and name == "dmuon_lpt":
-                print(opt.plan_summary(), flush=True)
+            results[name]["plan"]["split_matrices"] = len(plan.split_indices)
+            if rank == 0 and name in ("dmuon_lpt", "dmuon_split"):
+                print(f"{name}:\n{opt.plan_summary()}", flush=True)
     if rank == 0:
         report(results, args, world)
     dist.destroy_process_group()
@@ -156,17 +172,20 @@ def worker(args: argparse.Namespace) -> None:
 def report(results: dict, args: argparse.Namespace, world: int) -> None:
     naive = results.get("naive", {}).get("median_s")
     adamw = results.get("adamw", {}).get("median_s")
+    owner_only = results.get("dmuon_lpt", {}).get("median_s")
+    label = "one-dominant-matrix shapes" if args.shapes == "dominant" else f"{args.preset} stand-ins"
+    print(f"\noptimizer.step() on {label}, FSDP2 over {world} gloo ranks, median of {args.steps}")
     print(
-        f"\noptimizer.step() on {args.preset} stand-ins, FSDP2 over {world} gloo ranks, median of {args.steps}"
-    )
-    print(
-        f"{'config':<14} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'plan eff.':>9}   "
-        "phases ms (momentum / orthogonalize (comm wait) / apply / adamw)"
+        f"{'config':<16} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'x / lpt':>8} {'plan eff.':>9} "
+        f"{'split':>5}   phases ms (momentum / orthogonalize (comm wait) / apply / adamw)"
     )
     for name, row in results.items():
         speedup = naive / row["median_s"] if naive else float("nan")
         over_adamw = row["median_s"] / adamw if adamw else float("nan")
+        over_owner = row["median_s"] / owner_only if owner_only else float("nan")
         row["speedup_vs_naive"], row["ratio_vs_adamw"] = speedup, over_adamw
+        row["ratio_vs_owner_only"] = over_owner
+        splits = row.get("plan", {}).get("split_matrices")
         efficiency = row.get("plan", {}).get("efficiency")
         eff = f"{efficiency:.3f}" if efficiency is not None else "-"
         ph = row.get("phases_s")
@@ -177,10 +196,12 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
             else ""
         )
         print(
-            f"{name:<14} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {eff:>9}   {phases}"
+            f"{name:<16} {row['median_s'] * 1e3:>10.1f} {speedup:>10.2f} {over_adamw:>10.2f} {over_owner:>8.2f} "
+            f"{eff:>9} {'-' if splits is None else splits:>5}   {phases}"
         )
     payload = {
         "preset": args.preset,
+        "shapes": args.shapes,
         "world": world,
         "steps": args.steps,
         "torch": torch.__version__,
@@ -199,7 +220,7 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         ax.bar(names, [results[n]["median_s"] * 1e3 for n in names], color="tab:blue")
         ax.set_ylabel("optimizer.step() ms (median)")
-        ax.set_title(f"{args.preset}, FSDP2 on {world} gloo ranks")
+        ax.set_title(f"{label}, FSDP2 on {world} gloo ranks")
         plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
         fig.tight_layout()
         args.plot.parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +234,12 @@ def main() -> None:
     )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--preset", default="pi0_small")
+    parser.add_argument(
+        "--shapes",
+        choices=["preset", "dominant"],
+        default="preset",
+        help="the preset's parameters, or a set with one dominant matrix (see above)",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=None)

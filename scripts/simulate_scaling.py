@@ -1,30 +1,73 @@
-"""Predicted Muon optimizer-step time of full-size pi0 on W ranks: naive FSDP2 Muon vs dmuon.
+"""Predicted Muon optimizer-step time of pi0 on W ranks: naive FSDP2 Muon vs dmuon, flat FSDP2 and HSDP,
+with and without split Newton-Schulz.
 
     python scripts/simulate_scaling.py [--preset pi0] [--worlds 8,16,64,128,1024]
-                                       [--flops-per-second F]
-                                       [--alpha-us 20] [--bandwidth-gbs 25] [--bucket-mb 64]
-                                       [--planner lpt|milp] [--json PATH] [--plot PATH]
+        [--layouts flat,hsdp] [--gpus-per-node 8] [--splits off,auto]
+        [--flops-per-second F] [--alpha-us 20] [--intra-gbs 200] [--inter-gbs 25]
+        [--bucket-mb 64] [--planner lpt|milp] [--json PATH] [--plot PATH]
+
+(--bandwidth-gbs is an alias of --inter-gbs.) One row per (layout, split, W).
 
 Matrices: the preset's Muon parameters (dmuon.param_groups with the trainer's pi0 routing), read on
-the meta device. Compute: the planner's cost model, calibrated by default (Newton-Schulz timed once per
-shape class on this machine at batch 1 and 2, cached like dmuon's cost_model="calibrated"), or the
-FLOP model at F FLOP/s when --flops-per-second F is given. Communication: an alpha-beta model, alpha seconds per message and
-1 / bandwidth seconds per byte per rank; a ring collective over W ranks sends W-1 messages.
+the meta device, Newton-Schulz "auto" (5 steps, jordan coefficients).
 
-  naive:  for every matrix, an all-gather of its shards ((W-1)/W of its bytes arrive at each rank),
-          then every rank orthogonalises it (standard NS, one call per matrix); nothing overlaps.
-  dmuon:  the plan's buckets; per bucket an all-to-all to the owners (alpha (W-1) + the busiest
-          rank's bytes / bandwidth), the slowest owner's batched NS, and the all-to-all back. With
-          overlap, bucket k's compute hides the exchange of k+1 and the return of k-1:
-          T = fwd_0 + sum_k max(compute_k, fwd_{k+1} + ret_{k-1}) + ret_last.
+Layouts (G = --gpus-per-node; domain rank w sits on node w // G):
+  flat  FSDP2 over all W ranks: one shard group of W ranks, ranks_per_replica = W.
+  hsdp  W/G nodes x G: replicate over nodes, shard within a node, ranks_per_replica = G (W < G: one
+        node of W ranks); W > G must be a multiple of G, other W are skipped.
+  A matrix's rows are Shard(0) over its shard group of P = ranks_per_replica ranks in torch.chunk
+  order: MatrixSpec.rows = dmuon.layout.chunk_rows(m, P).
+
+Compute: Newton-Schulz seconds from the planner's cost model, calibrated by default (timed once per
+shape class on this machine at batch 1 and 2, cached like dmuon's cost_model="calibrated"), or the
+FLOP model at F FLOP/s with --flops-per-second F. The plan is dmuon.planner.build_plan(specs, W,
+strategy=--planner, bucket_bytes=--bucket-mb, split=off|auto, ranks_per_replica=P) under that cost
+model with the network below set in it (latency_s = alpha, bandwidth = intra, ranks_per_node = G,
+inter_node_bandwidth = inter), so that "auto" prices a split group wider than a node at the
+inter-node bandwidth. compute_k, bucket k's time, is its slowest rank's plan.bucket_seconds[k]:
+batched NS, and for split groups 1/k of the work plus their m x m all-reduces and all-gathers (so
+those collectives are not counted again below).
+
+Network: alpha seconds per message; per rank and direction (full duplex) `intra` bytes/s to a rank on
+the same node and `inter` bytes/s to a rank on another node; 4 bytes per element. A collective over P
+ranks takes alpha (P-1) plus the busiest rank's max(sent, received) intra-node bytes / intra plus its
+max(sent, received) inter-node bytes / inter (the two kinds of link are not assumed to overlap).
+
+  naive   every matrix in turn: a ring all-gather of its shards over its shard group (flat: all W
+          ranks, at intra only if W <= G; hsdp: the P ranks of a node, intra), alpha (P-1) +
+          (P-1)/P of its bytes / bandwidth, then every rank orthogonalises the whole matrix itself
+          (standard NS, one call per matrix). Nothing overlaps; HSDP replicas all repeat the work.
+  dmuon   per bucket k:
+    fwd_k   the all-to-all inside every replica's shard group (all replicas at once): every shard
+            rank of the computing replica sends each member of a matrix's owner or split group its
+            piece (Plan.pieces; nothing when sender = member).
+    ret_k   the reverse all-to-all: the same pieces of the results travel back; time = fwd_k.
+    fan_k   HSDP with R = W/G > 1 replicas: per shard rank, a ring all-gather over the R replicas
+            (one rank per node: inter-node) of its rows of the results its replica computed, padded
+            as in dmuon.comm to the largest replica's contribution c: alpha (R-1) + (R-1) c / inter.
+    serial:  sum_k (fwd_k + compute_k + ret_k + fan_k).
+    overlap: the schedule of dmuon.comm.sharded_orthogonalize: fwd_{k+1} is issued before compute_k,
+             ret_k right after it, and fan_k once ret_k has arrived, i.e. after compute_{k+1}. So
+             compute_k hides fwd_{k+1} + ret_{k-1} + fan_{k-2} (transfers in flight together add up):
+             T = fwd_0 + sum_k max(compute_k, fwd_{k+1} + ret_{k-1} + fan_{k-2})
+                 + ret_last + fan_{last-1} + fan_last.
+
+Columns: naive s; dmuon s (overlap T); serial s; speedup = naive / dmuon; NS s = sum_k compute_k;
+efficiency = plan.efficiency (all NS work / W over the slowest rank's NS seconds, split collectives
+included); split = matrices the plan splits; max MB/rank = the busiest rank's bytes sent + received
+(plan.traffic(): exchange, return, unpadded fan-out, split collectives); buckets; plan s = seconds
+build_plan took here. JSON (--json): {"meta": ..., "rows": [...]} with these and the per-part
+seconds; --plot PATH: efficiency and speedup vs W, one line per (layout, split).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -35,7 +78,33 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
-from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan, rank_loads
+from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
+
+ELEMENT_BYTES = 4
+LAYOUTS = ("flat", "hsdp")
+SPLITS = ("off", "auto", "always")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """alpha seconds per message; intra / inter: bytes per second per rank and direction."""
+
+    alpha: float
+    intra: float
+    inter: float
+    gpus_per_node: int
+
+    def same_node(self, a: int, b: int) -> bool:
+        return a // self.gpus_per_node == b // self.gpus_per_node
+
+    def busiest_seconds(
+        self, intra_bytes: list[tuple[int, int]], inter_bytes: list[tuple[int, int]]
+    ) -> float:
+        """The slowest rank's transfer time: max(sent, received) per link kind, the kinds added."""
+        return max(
+            (max(a) / self.intra + max(e) / self.inter for a, e in zip(intra_bytes, inter_bytes)),
+            default=0.0,
+        )
 
 
 def muon_matrices(preset: str) -> list[tuple[str, tuple[int, int]]]:
@@ -58,40 +127,84 @@ def ns_config(algorithm: str) -> NSConfig:
     return NSConfig(steps=5, coefficients=tuple(dmuon.coefficient_schedule("jordan", 5)), algorithm=algorithm)
 
 
-def all_to_all_seconds(plan: Plan, bucket: tuple[int, ...], alpha: float, beta: float) -> float:
-    """One direction of a bucket's exchange: latency plus the busiest rank's bytes."""
-    busiest = [0] * plan.world
+def ranks_per_replica(layout: str, world: int, gpus_per_node: int) -> int | None:
+    """P, the shard group size of `layout` on `world` ranks, or None if hsdp cannot use this W."""
+    if layout == "flat" or world <= gpus_per_node:
+        return world
+    return gpus_per_node if world % gpus_per_node == 0 else None
+
+
+def exchange_seconds(plan: Plan, bucket: tuple[int, ...], net: Network) -> float:
+    """One direction of a bucket's all-to-all inside every replica's shard group (see the docstring)."""
+    size = plan.ranks_per_replica
+    if size <= 1:
+        return 0.0
+    world = plan.world
+    sent = {True: [0] * world, False: [0] * world}  # keyed by same node
+    received = {True: [0] * world, False: [0] * world}
     for i in bucket:
-        spec, owner = plan.specs[i], plan.owners[i]
-        for r, rows in enumerate(spec.rows or ()):
-            if r != owner and rows:
-                busiest[r] += rows * spec.n * 4
-                busiest[owner] += rows * spec.n * 4
-    return alpha * (plan.world - 1) + max(busiest) / 2 * beta
+        group, base = plan.members[i], plan.replica_of(i) * size
+        for s, j, lo, hi, c0, c1 in plan.pieces(i):
+            src, dst = base + s, group[j]
+            if src == dst:
+                continue
+            nbytes = (hi - lo) * (c1 - c0) * ELEMENT_BYTES
+            local = net.same_node(src, dst)
+            sent[local][src] += nbytes
+            received[local][dst] += nbytes
+    intra = list(zip(sent[True], received[True]))
+    inter = list(zip(sent[False], received[False]))
+    return net.alpha * (size - 1) + net.busiest_seconds(intra, inter)
 
 
-def dmuon_seconds(plan: Plan, cost: CostModel, alpha: float, beta: float) -> tuple[float, float, float]:
-    """(serial, overlapped, compute-only) predicted seconds."""
-    compute = [
-        max(rank_loads([plan.specs[i] for i in b], [plan.owners[i] for i in b], plan.world, cost))
-        for b in plan.buckets
-    ]
-    comm = [all_to_all_seconds(plan, b, alpha, beta) for b in plan.buckets]
-    serial = sum(compute) + 2 * sum(comm)
+def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, int]:
+    """(seconds, bytes each rank receives) of a bucket's HSDP fan-out over the replicate dimension."""
+    replicas, size = plan.replicas, plan.ranks_per_replica
+    if replicas <= 1:
+        return 0.0, 0
+    contribution = [[0] * size for _ in range(replicas)]  # [replica][shard rank] bytes
+    for i in bucket:
+        spec, replica = plan.specs[i], plan.replica_of(i)
+        for s, rows in enumerate(spec.rows or ()):
+            contribution[replica][s] += rows * spec.n * ELEMENT_BYTES
+    width = max(max(contribution[r][s] for r in range(replicas)) for s in range(size))
+    nbytes = (replicas - 1) * width  # ring all-gather: sent = received, every hop inter-node
+    return net.alpha * (replicas - 1) + nbytes / net.inter, nbytes
+
+
+def dmuon_seconds(plan: Plan, net: Network) -> dict[str, float]:
+    """Per-part and total predicted seconds of the plan's step (see the docstring)."""
+    compute = [max(loads) for loads in plan.bucket_seconds]
+    fwd = [exchange_seconds(plan, b, net) for b in plan.buckets]
+    fans = [fan_out(plan, b, net) for b in plan.buckets]
+    fan = [s for s, _ in fans]
     k = len(plan.buckets)
-    overlapped = comm[0] + comm[-1]
+
+    def at(xs: list[float], j: int) -> float:
+        return xs[j] if 0 <= j < k else 0.0
+
+    overlapped = at(fwd, 0) + at(fwd, k - 1) + at(fan, k - 2) + at(fan, k - 1)
     for j in range(k):
-        hidden = (comm[j + 1] if j + 1 < k else 0.0) + (comm[j - 1] if j > 0 else 0.0)
-        overlapped += max(compute[j], hidden)
-    return serial, overlapped, sum(compute)
+        overlapped += max(compute[j], at(fwd, j + 1) + at(fwd, j - 1) + at(fan, j - 2))
+    return {
+        "dmuon_s": overlapped,
+        "dmuon_serial_s": sum(compute) + 2 * sum(fwd) + sum(fan),
+        "dmuon_compute_s": sum(compute),
+        "exchange_s": sum(fwd),
+        "fan_s": sum(fan),
+        "fan_mb_per_rank": sum(b for _, b in fans) / 2**20,
+    }
 
 
-def naive_seconds(specs: list[MatrixSpec], world: int, cost: CostModel, alpha: float, beta: float) -> float:
+def naive_seconds(specs: list[MatrixSpec], group: int, cost: CostModel, net: Network) -> float:
+    """Every rank all-gathers every matrix over its shard group of `group` ranks and orthogonalises it."""
+    bandwidth = net.intra if group <= net.gpus_per_node else net.inter
+    standard = ns_config("standard")
     total = 0.0
     for spec in specs:
-        standard = (spec.m, spec.n, ns_config("standard"))
-        total += cost.matrix_seconds(standard)
-        total += alpha * (world - 1) + (world - 1) / world * spec.numel * 4 * beta
+        total += cost.matrix_seconds((spec.m, spec.n, standard))
+        if group > 1:
+            total += net.alpha * (group - 1) + (group - 1) / group * spec.numel * ELEMENT_BYTES / bandwidth
     return total
 
 
@@ -113,24 +226,135 @@ def _key(cls: tuple) -> str:
     return f"{m}x{n}|{ns.algorithm_for((m, n))}|{ns.steps}|float32"
 
 
-def main() -> None:
+def _csv(value: str, allowed: tuple[str, ...], option: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise SystemExit(f"{option}: expected a comma list of {allowed}, got {value!r}")
+    return items
+
+
+def simulate(
+    matrices: list[tuple[str, tuple[int, int]]],
+    layout: str,
+    split: str,
+    world: int,
+    cost: CostModel,
+    net: Network,
+    *,
+    planner: str = "lpt",
+    bucket_bytes: int = 64 << 20,
+) -> dict | None:
+    """One table row: the plan of `matrices` under (layout, split, world) and its predicted times."""
+    size = ranks_per_replica(layout, world, net.gpus_per_node)
+    if size is None:
+        return None
+    auto = ns_config("auto")
+    specs = [MatrixSpec(name, m, n, auto, chunk_rows(m, size)) for name, (m, n) in matrices]
+    start = time.perf_counter()
+    plan = build_plan(
+        specs, world, strategy=planner, cost=cost, bucket_bytes=bucket_bytes, split=split, ranks_per_replica=size
+    )
+    plan_s = time.perf_counter() - start
+    parts = dmuon_seconds(plan, net)
+    naive = naive_seconds(specs, size, cost, net)
+    nodes = -(-world // net.gpus_per_node)
+    label = "flat" if layout == "flat" else f"hsdp {plan.replicas}x{size}"
+    return {
+        "layout": layout,
+        "label": label,
+        "split": split,
+        "world": world,
+        "nodes": nodes,
+        "ranks_per_replica": size,
+        "replicas": plan.replicas,
+        "naive_s": naive,
+        **parts,
+        "speedup": naive / parts["dmuon_s"],
+        "efficiency": plan.efficiency,
+        "stage_efficiency": plan.stage_efficiency,
+        "split_matrices": len(plan.split_indices),
+        "split_groups": [
+            {"shape": list(g["shape"]), "ranks": g["ranks"], "matrices": g["matrices"]} for g in plan.split_groups()
+        ],
+        "max_mb_per_rank": max(s + r for s, r in plan.traffic()) / 2**20,
+        "buckets": len(plan.buckets),
+        "largest_matrix_s": max(cost.matrix_seconds(s.shape_class) for s in specs),
+        "ideal_compute_s": plan.work_seconds / world,
+        "slowest_rank_s": plan.makespan,
+        "plan_s": plan_s,
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    series: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        series.setdefault((r["layout"], r["split"]), []).append(r)
+    colors = {"flat": "tab:blue", "hsdp": "tab:orange"}
+    styles = {"off": "--", "auto": "-", "always": ":"}
+    for (layout, split), points in series.items():
+        points = sorted(points, key=lambda r: r["world"])
+        ws = [r["world"] for r in points]
+        name = "flat FSDP2" if layout == "flat" else f"HSDP ({points[0]['ranks_per_replica']}/node)"
+        kw = {"color": colors.get(layout), "linestyle": styles.get(split, "-"), "marker": "o"}
+        ax1.semilogx(ws, [r["efficiency"] for r in points], label=f"{name}, split {split}", **kw)
+        ax2.semilogx(ws, [r["speedup"] for r in points], label=f"{name}, split {split}", **kw)
+    ax1.axhline(0.95, color="gray", linestyle=":", linewidth=1)
+    ax1.set_ylim(0, 1.05)
+    ax1.set_xlabel("ranks W")
+    ax1.set_ylabel("balance efficiency (plan.efficiency)")
+    ax2.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+    ax2.set_xlabel("ranks W")
+    ax2.set_ylabel("speedup over naive FSDP2 Muon")
+    ax1.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="pi0")
     parser.add_argument("--worlds", default="8,16,64,128,1024")
+    parser.add_argument("--layouts", default="flat,hsdp", help="comma list of flat, hsdp")
+    parser.add_argument("--splits", default="off,auto", help="comma list of off, auto, always")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument(
         "--flops-per-second", type=float, default=None, help="use the FLOP model instead of calibrating"
     )
-    parser.add_argument("--alpha-us", type=float, default=20.0)
-    parser.add_argument("--bandwidth-gbs", type=float, default=25.0)
+    parser.add_argument("--alpha-us", type=float, default=20.0, help="latency per message (us)")
+    parser.add_argument("--intra-gbs", type=float, default=200.0, help="intra-node GB/s per rank")
+    parser.add_argument(
+        "--inter-gbs", "--bandwidth-gbs", dest="inter_gbs", type=float, default=25.0,
+        help="inter-node GB/s per rank (--bandwidth-gbs: alias)",
+    )  # fmt: skip
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--planner", choices=["lpt", "milp"], default="lpt")
     parser.add_argument("--json", type=Path, default=Path("bench_results/simulate_scaling.json"))
     parser.add_argument("--plot", type=Path, default=None)
-    args = parser.parse_args()
-    worlds = [int(w) for w in args.worlds.split(",")]
-    alpha, beta = args.alpha_us * 1e-6, 1.0 / (args.bandwidth_gbs * 1e9)
+    args = parser.parse_args(argv)
+    worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    layouts = _csv(args.layouts, LAYOUTS, "--layouts")
+    splits = _csv(args.splits, SPLITS, "--splits")
+    if args.gpus_per_node < 1 or any(w < 1 for w in worlds):
+        raise SystemExit("--gpus-per-node and every W must be >= 1")
+    net = Network(
+        alpha=args.alpha_us * 1e-6,
+        intra=args.intra_gbs * 1e9,
+        inter=args.inter_gbs * 1e9,
+        gpus_per_node=args.gpus_per_node,
+    )
 
     matrices = muon_matrices(args.preset)
     auto = ns_config("auto")
@@ -138,88 +362,85 @@ def main() -> None:
         {(m, n, auto) for _, (m, n) in matrices} | {(m, n, ns_config("standard")) for _, (m, n) in matrices},
         key=str,
     )
-    cost, cost_note = calibrated_cost(classes, args.flops_per_second)
+    compute_cost, cost_note = calibrated_cost(classes, args.flops_per_second)
+    cost = dataclasses.replace(
+        compute_cost,
+        latency_s=net.alpha,
+        bandwidth=net.intra,
+        ranks_per_node=net.gpus_per_node,
+        inter_node_bandwidth=net.inter,
+    )
     elements = sum(m * n for _, (m, n) in matrices)
     print(
         f"{args.preset}: {len(matrices)} Muon matrices, {elements / 1e9:.2f}B elements; compute: {cost_note}"
     )
     print(
-        f"communication: alpha {args.alpha_us} us per message, {args.bandwidth_gbs} GB/s per rank; buckets {args.bucket_mb} MB"
+        f"communication: alpha {args.alpha_us} us per message, {args.intra_gbs} GB/s intra-node and "
+        f"{args.inter_gbs} GB/s inter-node per rank, {args.gpus_per_node} GPUs per node; "
+        f"buckets {args.bucket_mb} MB; planner {args.planner}"
     )
-    rows = []
     header = (
-        f"{'W':>5} {'naive s':>9} {'dmuon s':>9} {'serial s':>9} {'speedup':>8} {'NS s':>7} "
-        f"{'efficiency':>10} {'max MB/rank':>11} {'buckets':>7}"
+        f"{'layout':<12} {'split':>5} {'W':>5} {'naive s':>9} {'dmuon s':>9} {'serial s':>9} {'speedup':>8} "
+        f"{'NS s':>7} {'efficiency':>10} {'split':>5} {'max MB/rank':>11} {'buckets':>7} {'plan s':>6}"
     )
     print(header)
     print("-" * len(header))
-    for world in worlds:
-        specs = [MatrixSpec(name, m, n, auto, chunk_rows(m, world)) for name, (m, n) in matrices]
-        plan = build_plan(
-            specs, world, strategy=args.planner, cost=cost, bucket_bytes=int(args.bucket_mb * 2**20)
-        )
-        serial, overlapped, compute = dmuon_seconds(plan, cost, alpha, beta)
-        naive = naive_seconds(specs, world, cost, alpha, beta)
-        max_mb = max(s + r for s, r in plan.traffic()) / 2**20
-        rows.append(
-            {
-                "world": world,
-                "naive_s": naive,
-                "dmuon_s": overlapped,
-                "dmuon_serial_s": serial,
-                "dmuon_compute_s": compute,
-                "speedup": naive / overlapped,
-                "efficiency": plan.efficiency,
-                "max_mb_per_rank": max_mb,
-                "buckets": len(plan.buckets),
-                "largest_matrix_s": max(cost.matrix_seconds(s.shape_class) for s in specs),
-                "ideal_compute_s": sum(plan.rank_seconds) / world,
-            }
-        )
-        r = rows[-1]
-        print(
-            f"{world:>5} {naive:>9.3f} {overlapped:>9.3f} {serial:>9.3f} {r['speedup']:>8.1f} {compute:>7.3f} "
-            f"{plan.efficiency:>10.3f} {max_mb:>11.1f} {len(plan.buckets):>7}"
-        )
-    worst = min(rows, key=lambda r: r["efficiency"])
-    print(
-        f"\nlowest efficiency {worst['efficiency']:.3f} at W={worst['world']}: ideal per-rank NS "
-        f"{worst['ideal_compute_s']:.3f}s, but the largest single matrix alone takes {worst['largest_matrix_s']:.3f}s"
-    )
+    rows = []
+    for layout in layouts:
+        for split in splits:
+            for world in worlds:
+                r = simulate(
+                    matrices, layout, split, world, cost, net,
+                    planner=args.planner, bucket_bytes=int(args.bucket_mb * 2**20),
+                )  # fmt: skip
+                if r is None:
+                    print(f"{layout:<12} {split:>5} {world:>5}  skipped: W > {args.gpus_per_node} is not a "
+                          f"multiple of --gpus-per-node")  # fmt: skip
+                    continue
+                rows.append(r)
+                print(
+                    f"{r['label']:<12} {split:>5} {world:>5} {r['naive_s']:>9.3f} {r['dmuon_s']:>9.3f} "
+                    f"{r['dmuon_serial_s']:>9.3f} {r['speedup']:>8.1f} {r['dmuon_compute_s']:>7.3f} "
+                    f"{r['efficiency']:>10.3f} {r['split_matrices']:>5} {r['max_mb_per_rank']:>11.1f} "
+                    f"{r['buckets']:>7} {r['plan_s']:>6.2f}",
+                    flush=True,
+                )
+    if rows:
+        print()
+        for layout in layouts:
+            for split in splits:
+                mine = [r for r in rows if r["layout"] == layout and r["split"] == split]
+                if not mine:
+                    continue
+                worst = min(mine, key=lambda r: r["efficiency"])
+                print(
+                    f"lowest efficiency, {layout} split {split}: {worst['efficiency']:.3f} at W={worst['world']} "
+                    f"({worst['label']}): ideal per-rank NS {worst['ideal_compute_s']:.3f}s, slowest rank "
+                    f"{worst['slowest_rank_s']:.3f}s, largest single matrix alone {worst['largest_matrix_s']:.3f}s"
+                )
     meta = {
         "preset": args.preset,
         "matrices": len(matrices),
         "elements": elements,
         "cost": cost_note,
-        "alpha_s": alpha,
-        "bandwidth_bytes_per_s": 1 / beta,
+        "alpha_s": net.alpha,
+        "intra_bandwidth_bytes_per_s": net.intra,
+        "inter_bandwidth_bytes_per_s": net.inter,
+        "gpus_per_node": net.gpus_per_node,
         "bucket_mb": args.bucket_mb,
         "planner": args.planner,
+        "layouts": layouts,
+        "splits": splits,
+        "worlds": worlds,
     }
+    result = {"meta": meta, "rows": rows}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    args.json.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-        ws = [r["world"] for r in rows]
-        ax1.loglog(ws, [r["naive_s"] for r in rows], "o-", label="naive FSDP2 Muon")
-        ax1.loglog(ws, [r["dmuon_s"] for r in rows], "o-", label="dmuon (overlap)")
-        ax1.set_xlabel("ranks W")
-        ax1.set_ylabel("predicted optimizer step (s)")
-        ax1.legend()
-        ax2.semilogx(ws, [r["efficiency"] for r in rows], "o-")
-        ax2.axhline(0.95, color="gray", linestyle="--")
-        ax2.set_xlabel("ranks W")
-        ax2.set_ylabel("balance efficiency")
-        fig.tight_layout()
-        args.plot.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.plot, dpi=120)
+        plot(rows, args.plot)
         print(f"wrote {args.plot}")
+    return result
 
 
 if __name__ == "__main__":

@@ -156,3 +156,17 @@ def test_unsupported_layouts_get_clear_errors() -> None:
     for errors in run_ranks("workers:unsupported_layouts", 2, timeout=200):
         assert "'proj.weight'" in errors["shard1"] and "Shard(0)" in errors["shard1"]
         assert "'fc.weight'" in errors["pinned"] and "pinned" in errors["pinned"]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_split_newton_schulz_equals_the_whole_matrix_iteration(world: int) -> None:
+    results = run_ranks("workers:split_ns_cases", world, timeout=200)
+    for rank, result in enumerate(results):
+        for key, case in result.items():
+            got, expected = case["got"], case["expected"]
+            assert got.shape == expected.shape, key
+            if expected.numel():
+                rel = float((got - expected).norm() / expected.norm())
+                assert rel < 3e-5, f"{key} rank {rank}/{world}: {rel:.2e}"
+            # The planner's cost model counts exactly the collectives the iteration makes.
+            assert case["counts"] == case["predicted"], key

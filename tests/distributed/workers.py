@@ -357,3 +357,54 @@ def unsupported_layouts(rank: int, world: int) -> dict[str, str]:
     except ValueError as exc:
         errors["pinned"] = str(exc)
     return errors
+
+
+def split_ns_cases(rank: int, world: int) -> dict[str, Any]:
+    """dmuon.split_ns on this rank's column chunk vs single-process newton_schulz on the whole batch,
+    and the number of collectives each call made (to check split_collectives)."""
+    from dmuon import split_ns
+    from dmuon.newton_schulz import coefficient_schedule, newton_schulz
+
+    counts = {"all_reduce": 0, "all_gather": 0}
+    real_reduce, real_gather = split_ns._all_reduce, split_ns._all_gather
+
+    def counting_reduce(t, group):
+        counts["all_reduce"] += 1
+        return real_reduce(t, group)
+
+    def counting_gather(*args, **kwargs):
+        counts["all_gather"] += 1
+        return real_gather(*args, **kwargs)
+
+    split_ns._all_reduce, split_ns._all_gather = counting_reduce, counting_gather
+    out: dict[str, Any] = {}
+    # (batch, m, n): m < world (empty row blocks of the m x m products), n < world (empty column
+    # chunks), uneven chunks, a batch.
+    for batch, m, n in [(1, 5, 12), (3, 9, 40), (2, 3, 19), (1, 2, 3), (1, 16, 64)]:
+        gen = torch.Generator().manual_seed(batch * 1000 + m * 10 + n)
+        G = torch.randn(batch, m, n, generator=gen)
+        sizes = split_ns.chunk_sizes(n, world)
+        start = sum(sizes[:rank])
+        for algorithm in ("standard", "gram"):
+            for coefficients in ("jordan", "polar_express"):
+                counts.update(all_reduce=0, all_gather=0)
+                got = split_ns.split_newton_schulz(
+                    G[:, :, start : start + sizes[rank]].clone(),
+                    coefficient_schedule(coefficients, 5),
+                    algorithm=algorithm,
+                    group=None,
+                    members=world,
+                    index=rank,
+                    m=m,
+                    eps=1e-7,
+                )
+                expected = newton_schulz(G, algorithm=algorithm, coefficients=coefficients)
+                key = f"{batch}x{m}x{n}/{algorithm}/{coefficients}"
+                out[key] = {
+                    "got": got,
+                    "expected": expected[:, :, start : start + sizes[rank]],
+                    "counts": (counts["all_reduce"], counts["all_gather"]),
+                    "predicted": split_ns.split_collectives(algorithm, 5),
+                }
+    split_ns._all_reduce, split_ns._all_gather = real_reduce, real_gather
+    return out

@@ -8,6 +8,7 @@ import torch
 from dmuon.functional import NSConfig
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, assign_lpt, build_plan, make_buckets
+from dmuon.split_ns import split_collectives
 
 NS = NSConfig(steps=5, coefficients=((3.4445, -4.775, 2.0315),) * 5, algorithm="auto")
 
@@ -156,3 +157,95 @@ def test_bad_planner_arguments() -> None:
         build_plan(_specs([(4, 4)]), 2, strategy="greedy")
     with pytest.raises(ValueError, match="world size"):
         build_plan(_specs([(4, 4)]), 0)
+
+
+# ---------------------------------------------------------------------------------------- splitting
+def _dominant(world: int, per_replica: int | None = None) -> list[MatrixSpec]:
+    """One matrix costing more than everything else together, beside small ones."""
+    rows = per_replica or world
+    shapes = [(4096, 1024)] + [(256, 1024)] * 12 + [(256, 256)] * 6
+    return [MatrixSpec(f"w{i:02d}", m, n, NS, chunk_rows(m, rows)) for i, (m, n) in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_auto_split_keeps_the_owner_plan_when_no_matrix_dominates(world: int) -> None:
+    specs = _specs(PI0_LIKE, world)
+    off = build_plan(specs, world, split="off", bucket_bytes=1 << 20)
+    auto = build_plan(specs, world, split="auto", bucket_bytes=1 << 20)
+    assert auto.split_indices == () and auto.members == off.members and auto.buckets == off.buckets
+    assert auto.makespan == off.makespan
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_auto_split_divides_a_dominant_matrix_and_shortens_the_plan(world: int) -> None:
+    specs = _dominant(world)
+    off = build_plan(specs, world, split="off")
+    auto = build_plan(specs, world, split="auto")
+    assert auto.split_indices == (0,)  # only the dominant matrix
+    group = auto.members[0]
+    assert len(group) > 1 and world % len(group) == 0 and group[0] % len(group) == 0  # aligned
+    assert group == tuple(range(group[0], group[0] + len(group)))
+    assert auto.makespan < 0.9 * off.makespan
+    assert auto.efficiency > off.efficiency
+    assert "split: 1 x 4096x1024" in auto.table()
+
+
+def test_split_always_uses_whole_replicas_and_respects_hsdp_replicas() -> None:
+    specs = _dominant(8, per_replica=4) + [MatrixSpec("empty", 0, 16, NS, (0, 0, 0, 0))]
+    plan = build_plan(specs, 8, split="always", ranks_per_replica=4)
+    assert plan.replicas == 2 and plan.ranks_per_replica == 4
+    assert plan.members[-1] in {(r,) for r in range(8)}  # an empty matrix is never split
+    groups = {plan.members[i] for i in plan.split_indices}
+    assert groups == {(0, 1, 2, 3), (4, 5, 6, 7)}  # one replica each, both replicas used
+    assert len(plan.split_indices) == len(specs) - 1
+    auto = build_plan(_dominant(8, per_replica=4), 8, split="auto", ranks_per_replica=4)
+    assert all(len(auto.members[i]) <= 4 for i in auto.split_indices)
+    # Aligned groups of k inside one replica: never across ranks 3 and 4.
+    assert all(g[0] // 4 == g[-1] // 4 for g in auto.members)
+
+
+def test_split_pieces_cover_every_block_once_and_tall_matrices_move_nothing() -> None:
+    tall = MatrixSpec("tall", 37, 12, NS, chunk_rows(37, 4))  # X = W^T: split by W's rows
+    wide = MatrixSpec("wide", 19, 48, NS, chunk_rows(19, 4))
+    for spec in (tall, wide):
+        plan = build_plan([spec], 4, split="always")
+        assert plan.members[0] == (0, 1, 2, 3)
+        covered = torch.zeros(spec.m, spec.n, dtype=torch.int64)
+        for _, _, lo, hi, c0, c1 in plan.pieces(0):
+            covered[lo:hi, c0:c1] += 1
+        assert bool((covered == 1).all()), spec.name
+        blocks = [spec.block(4, j) for j in range(4)]
+        if spec.tall:  # member j's columns of X are exactly the rows shard j holds
+            assert all(s == j for s, j, *_ in plan.pieces(0))
+            assert [b[1] - b[0] for b in blocks] == list(spec.rows)
+    # Traffic of the tall split: no exchange at all, only the m x m collectives (same on every rank).
+    traffic = build_plan([tall], 4, split="always").traffic()
+    assert len(set(traffic)) == 1 and traffic[0][0] > 0
+    reduces, gathers = split_collectives("gram", 5)  # 'auto' picks Gram for the 12 x 37 view
+    assert (reduces, gathers) == (2, 10)
+    assert traffic[0][0] == int((2 * reduces + gathers) * 3 / 4 * 12 * 12 * 4)
+
+
+def test_split_costs_include_the_collectives() -> None:
+    cost = CostModel(flops_per_second=1e12, latency_s=1e-3, bandwidth=1e9)
+    cls = (2048, 8192, NS)
+    alone = cost.batch_seconds(cls, 1)
+    assert cost.split_seconds(cls, 1, 1) == alone
+    for k in (2, 4, 8):
+        comm = cost.split_comm_seconds(cls, 1, k)
+        assert comm > 0 and cost.split_seconds(cls, 1, k) == pytest.approx(alone / k + comm)
+    # Latency-bound tiny matrices are never worth splitting.
+    tiny = [MatrixSpec("big", 64, 64, NS, (32, 32))] + _specs([(8, 8)] * 3, 2)
+    assert build_plan(tiny, 2, split="auto", cost=cost).split_indices == ()
+    wide_groups = CostModel(latency_s=0, bandwidth=1e10, ranks_per_node=8, inter_node_bandwidth=1e9)
+    nbytes = 1 << 20
+    assert wide_groups.collective_seconds("all_gather", nbytes, 16) > 9 * wide_groups.collective_seconds(
+        "all_gather", nbytes, 8
+    )
+
+
+def test_bad_split_arguments() -> None:
+    with pytest.raises(ValueError, match="split must be one of"):
+        build_plan(_specs([(4, 4)]), 2, split="sometimes")
+    with pytest.raises(ValueError, match="ranks_per_replica"):
+        build_plan(_specs([(4, 4)]), 4, ranks_per_replica=3)
