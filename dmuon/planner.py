@@ -25,7 +25,9 @@ so that its members can gather their column chunks from their own shard group.
             W), which no owner-only plan can finish under; it goes to the smallest k whose per-member
             time (1/k of the FLOPs + the m x m all-reduces and all-gathers, alpha-beta) fits in that
             load, or the k that minimises it. Everything else keeps one owner. With no such matrix
-            (the common case at small W) the plan is the owner-only plan, so splitting can only help.
+            (the common case at small W) the plan is the owner-only plan; and a plan with splits is
+            kept only if its predicted makespan beats the owner-only plan's, so "auto" never
+            predicts a slower step than "off".
 - "always": every non-empty matrix is split over a whole replica (tests and benchmarks).
 Jobs (owner: 1 rank, split: k ranks) are placed longest first on the least loaded rank or aligned
 group (LPT generalised to gangs); MILP plans refine buckets that hold no split job.
@@ -41,7 +43,7 @@ import json
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -743,6 +745,20 @@ def build_plan(
         for bucket in buckets
     )
     loads = [sum(stage[r] for stage in per_bucket) for r in range(world)]
+    if split == "auto" and max(sizes, default=1) > 1:
+        # Never worse than owners only: keep the split plan only if it is predicted faster.
+        owners_only = build_plan(
+            specs,
+            world,
+            strategy=strategy,
+            cost=cost,
+            bucket_bytes=bucket_bytes,
+            milp_time_limit=milp_time_limit,
+            split="off",
+            ranks_per_replica=per_replica,
+        )
+        if owners_only.makespan <= max(loads):
+            return replace(owners_only, split="auto (owners only: splitting was not faster)")
     used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
     return Plan(
         world=world,

@@ -22,8 +22,8 @@ first step builds state and the plan). Configurations:
 Muon configurations route embeddings, heads, norms and biases to AdamW (dmuon.param_groups).
 
 --shapes dominant replaces the preset by a set with one dominant matrix (a 1024 x 4096 MLP-like
-matrix beside 16 matrices of 256 x 1024 and 8 of 256 x 256): no owner-only plan can finish before
-the big matrix, which is what splitting is for.
+matrix beside 16 matrices of 256 x 1024 and 8 of 256 x 256, and a 2048 x 256 embedding for AdamW):
+no owner-only plan can finish before the big matrix, which is what splitting is for.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ CONFIGS = {
     "dmuon_split_all": {"planner": "lpt", "ns_algorithm": "auto", "split": "always"},
 }
 DOMINANT_SHAPES = (
-    [("mlp.dominant.weight", (1024, 4096))]
+    [("embed_tokens.weight", (2048, 256)), ("mlp.dominant.weight", (1024, 4096))]
     + [(f"blocks.{i}.proj.weight", (256, 1024)) for i in range(16)]
     + [(f"blocks.{i}.attn.weight", (256, 256)) for i in range(8)]
 )

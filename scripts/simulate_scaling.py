@@ -1,63 +1,67 @@
-"""Predicted Muon optimizer-step time of pi0 on W ranks: naive FSDP2 Muon vs dmuon, flat FSDP2 and HSDP,
-with and without split Newton-Schulz.
+"""Predicted Muon optimizer-step time of pi0 on W ranks: naive FSDP2 Muon vs dmuon, under flat FSDP2 and
+HSDP, with and without split Newton-Schulz. A model, not a measurement: nothing runs on W ranks.
 
     python scripts/simulate_scaling.py [--preset pi0] [--worlds 8,16,64,128,1024]
         [--layouts flat,hsdp] [--gpus-per-node 8] [--splits off,auto]
         [--flops-per-second F] [--alpha-us 20] [--intra-gbs 200] [--inter-gbs 25]
-        [--bucket-mb 64] [--planner lpt|milp] [--json PATH] [--plot PATH]
+        [--bucket-mb 64] [--planner lpt|milp] [--fan-out padded|exact] [--json PATH] [--plot PATH]
 
-(--bandwidth-gbs is an alias of --inter-gbs.) One row per (layout, split, W).
+--bandwidth-gbs is an alias of --inter-gbs. One row per (layout, split, W).
 
 Matrices: the preset's Muon parameters (dmuon.param_groups with the trainer's pi0 routing), read on
-the meta device, Newton-Schulz "auto" (5 steps, jordan coefficients).
+the meta device; Newton-Schulz "auto", 5 steps, jordan coefficients.
 
 Layouts (G = --gpus-per-node; domain rank w sits on node w // G):
   flat  FSDP2 over all W ranks: one shard group of W ranks, ranks_per_replica = W.
-  hsdp  W/G nodes x G: replicate over nodes, shard within a node, ranks_per_replica = G (W < G: one
-        node of W ranks); W > G must be a multiple of G, other W are skipped.
+  hsdp  W/G nodes x G: replicate over nodes, shard within a node, ranks_per_replica = G (W <= G: one
+        node of W ranks); a W > G that is not a multiple of G is skipped.
   A matrix's rows are Shard(0) over its shard group of P = ranks_per_replica ranks in torch.chunk
   order: MatrixSpec.rows = dmuon.layout.chunk_rows(m, P).
 
-Compute: Newton-Schulz seconds from the planner's cost model, calibrated by default (timed once per
-shape class on this machine at batch 1 and 2, cached like dmuon's cost_model="calibrated"), or the
-FLOP model at F FLOP/s with --flops-per-second F. The plan is dmuon.planner.build_plan(specs, W,
-strategy=--planner, bucket_bytes=--bucket-mb, split=off|auto, ranks_per_replica=P) under that cost
-model with the network below set in it (latency_s = alpha, bandwidth = intra, ranks_per_node = G,
-inter_node_bandwidth = inter), so that "auto" prices a split group wider than a node at the
-inter-node bandwidth. compute_k, bucket k's time, is its slowest rank's plan.bucket_seconds[k]:
-batched NS, and for split groups 1/k of the work plus their m x m all-reduces and all-gathers (so
-those collectives are not counted again below).
+Compute: Newton-Schulz seconds from the planner's CostModel, calibrated by default (each shape class
+timed once on this machine's CPU at batch 1 and 2, cached like dmuon's cost_model="calibrated"), or
+FLOPs / F with --flops-per-second F. The plan is dmuon.planner.build_plan(specs, W,
+strategy=--planner, bucket_bytes=--bucket-mb MiB, split=off|auto, ranks_per_replica=P) under that
+cost model with the network below set in it (latency_s = alpha, bandwidth = intra, ranks_per_node =
+G, inter_node_bandwidth = inter), so "auto" prices a split group wider than a node at inter. Bucket
+k's compute_k is its slowest rank's plan.bucket_seconds[k]: batched NS, and for a split group 1/k of
+the work plus its m x m all-reduces and all-gathers, which are not counted again below.
 
-Network: alpha seconds per message; per rank and direction (full duplex) `intra` bytes/s to a rank on
-the same node and `inter` bytes/s to a rank on another node; 4 bytes per element. A collective over P
-ranks takes alpha (P-1) plus the busiest rank's max(sent, received) intra-node bytes / intra plus its
-max(sent, received) inter-node bytes / inter (the two kinds of link are not assumed to overlap).
+Network: alpha seconds per message; per rank and direction (full duplex) intra bytes/s to a rank on
+the same node and inter bytes/s to a rank on another node; 4 bytes per element. A collective over P
+ranks takes alpha (P-1) plus, on its busiest rank, max(sent, received) of its intra-node bytes / intra
++ max(sent, received) of its inter-node bytes / inter (the two kinds of link do not overlap).
 
-  naive   every matrix in turn: a ring all-gather of its shards over its shard group (flat: all W
-          ranks, at intra only if W <= G; hsdp: the P ranks of a node, intra), alpha (P-1) +
-          (P-1)/P of its bytes / bandwidth, then every rank orthogonalises the whole matrix itself
-          (standard NS, one call per matrix). Nothing overlaps; HSDP replicas all repeat the work.
+  naive   every matrix in turn: a ring all-gather of its shards over its shard group of P ranks
+          (flat: all W, at intra if W <= G, else inter; hsdp: the ranks of one node, at intra),
+          alpha (P-1) + (P-1)/P of its bytes / bandwidth; then every rank orthogonalises the whole
+          matrix (standard NS, one call per matrix). Nothing overlaps; HSDP replicas repeat it all.
   dmuon   per bucket k:
-    fwd_k   the all-to-all inside every replica's shard group (all replicas at once): every shard
-            rank of the computing replica sends each member of a matrix's owner or split group its
-            piece (Plan.pieces; nothing when sender = member).
-    ret_k   the reverse all-to-all: the same pieces of the results travel back; time = fwd_k.
-    fan_k   HSDP with R = W/G > 1 replicas: per shard rank, a ring all-gather over the R replicas
-            (one rank per node: inter-node) of its rows of the results its replica computed, padded
-            as in dmuon.comm to the largest replica's contribution c: alpha (R-1) + (R-1) c / inter.
+    fwd_k   the all-to-all inside each replica's shard group (all replicas at once), one collective
+            over P ranks: shard rank s of the computing replica sends member j of a matrix's owner
+            or split group its piece (Plan.pieces); nothing moves when sender = member.
+    ret_k   the reverse all-to-all: the same pieces of the results go back; ret_k = fwd_k.
+    fan_k   HSDP with R = W/G > 1 replicas: per shard rank s, a ring all-gather over the R replicas
+            (one rank per node: all inter-node) of the rows at s of the results each replica
+            computed. --fan-out padded (default, what dmuon.comm sends): every replica contributes
+            the largest replica's c bytes, alpha (R-1) + (R-1) c / inter; exact (an all-gather-v):
+            alpha (R-1) + the busiest rank's max(sent, received) / inter, where a rank receives the
+            other replicas' contributions and sends all but its ring successor's.
     serial:  sum_k (fwd_k + compute_k + ret_k + fan_k).
     overlap: the schedule of dmuon.comm.sharded_orthogonalize: fwd_{k+1} is issued before compute_k,
-             ret_k right after it, and fan_k once ret_k has arrived, i.e. after compute_{k+1}. So
-             compute_k hides fwd_{k+1} + ret_{k-1} + fan_{k-2} (transfers in flight together add up):
+             ret_k right after it, fan_k once ret_k has arrived (after compute_{k+1}). So compute_k
+             hides fwd_{k+1} + ret_{k-1} + fan_{k-2} (transfers in flight together add up):
              T = fwd_0 + sum_k max(compute_k, fwd_{k+1} + ret_{k-1} + fan_{k-2})
                  + ret_last + fan_{last-1} + fan_last.
 
-Columns: naive s; dmuon s (overlap T); serial s; speedup = naive / dmuon; NS s = sum_k compute_k;
+Columns: naive s; dmuon s (overlapped T); serial s; speedup = naive / dmuon; NS s = sum_k compute_k;
 efficiency = plan.efficiency (all NS work / W over the slowest rank's NS seconds, split collectives
-included); split = matrices the plan splits; max MB/rank = the busiest rank's bytes sent + received
-(plan.traffic(): exchange, return, unpadded fan-out, split collectives); buckets; plan s = seconds
-build_plan took here. JSON (--json): {"meta": ..., "rows": [...]} with these and the per-part
-seconds; --plot PATH: efficiency and speedup vs W, one line per (layout, split).
+counted as lost time); split = matrices the plan splits; max MB/rank = the busiest rank's MiB sent +
+received in one step (exchange, return, fan-out as modelled, split groups' ring collectives);
+buckets; plan s = seconds build_plan took here. --json PATH (default
+bench_results/simulate_scaling.json): {"meta": ..., "rows": [...]}, the rows with these columns and
+the parts (exchange_s = sum fwd_k, fan_s, fan_padded_s, fan_exact_s, fan_mb_per_rank, ...);
+--plot PATH: a PNG of efficiency and speedup vs W (log x), one line per (layout, split).
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
+from dmuon.split_ns import split_collectives
 
 ELEMENT_BYTES = 4
 LAYOUTS = ("flat", "hsdp")
@@ -134,13 +139,11 @@ def ranks_per_replica(layout: str, world: int, gpus_per_node: int) -> int | None
     return gpus_per_node if world % gpus_per_node == 0 else None
 
 
-def exchange_seconds(plan: Plan, bucket: tuple[int, ...], net: Network) -> float:
-    """One direction of a bucket's all-to-all inside every replica's shard group (see the docstring)."""
-    size = plan.ranks_per_replica
-    if size <= 1:
-        return 0.0
-    world = plan.world
-    sent = {True: [0] * world, False: [0] * world}  # keyed by same node
+def exchange(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, list[int]]:
+    """One direction of a bucket's all-to-all inside every replica's shard group: (seconds, bytes sent +
+    received per domain rank)."""
+    size, world = plan.ranks_per_replica, plan.world
+    sent = {True: [0] * world, False: [0] * world}  # keyed by "same node"
     received = {True: [0] * world, False: [0] * world}
     for i in bucket:
         group, base = plan.members[i], plan.replica_of(i) * size
@@ -154,30 +157,62 @@ def exchange_seconds(plan: Plan, bucket: tuple[int, ...], net: Network) -> float
             received[local][dst] += nbytes
     intra = list(zip(sent[True], received[True]))
     inter = list(zip(sent[False], received[False]))
-    return net.alpha * (size - 1) + net.busiest_seconds(intra, inter)
+    per_rank = [sum(a) + sum(e) for a, e in zip(intra, inter)]
+    if size <= 1:
+        return 0.0, per_rank
+    return net.alpha * (size - 1) + net.busiest_seconds(intra, inter), per_rank
 
 
-def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, int]:
-    """(seconds, bytes each rank receives) of a bucket's HSDP fan-out over the replicate dimension."""
-    replicas, size = plan.replicas, plan.ranks_per_replica
+def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) -> tuple[float, list[int]]:
+    """A bucket's HSDP fan-out, one ring all-gather per shard rank over the replicas (one rank per node,
+    so inter-node): (seconds, bytes sent + received per domain rank). Padded (dmuon.comm): every
+    replica sends the largest replica's contribution; exact: each its own (an all-gather-v)."""
+    replicas, size, world = plan.replicas, plan.ranks_per_replica, plan.world
     if replicas <= 1:
-        return 0.0, 0
-    contribution = [[0] * size for _ in range(replicas)]  # [replica][shard rank] bytes
+        return 0.0, [0] * world
+    contribution = [[0] * size for _ in range(replicas)]  # [replica][shard rank] bytes of results
     for i in bucket:
         spec, replica = plan.specs[i], plan.replica_of(i)
         for s, rows in enumerate(spec.rows or ()):
             contribution[replica][s] += rows * spec.n * ELEMENT_BYTES
-    width = max(max(contribution[r][s] for r in range(replicas)) for s in range(size))
-    nbytes = (replicas - 1) * width  # ring all-gather: sent = received, every hop inter-node
-    return net.alpha * (replicas - 1) + nbytes / net.inter, nbytes
+    per_rank = [0] * world
+    busiest = 0
+    for s in range(size):
+        column = [contribution[r][s] for r in range(replicas)]
+        total, width = sum(column), max(column)
+        for r in range(replicas):
+            if padded:
+                sent = received = (replicas - 1) * width
+            else:  # a ring rank forwards every block but its successor's and receives all but its own
+                sent, received = total - column[(r + 1) % replicas], total - column[r]
+            per_rank[r * size + s] = sent + received
+            busiest = max(busiest, sent, received)
+    return net.alpha * (replicas - 1) + busiest / net.inter, per_rank
 
 
-def dmuon_seconds(plan: Plan, net: Network) -> dict[str, float]:
-    """Per-part and total predicted seconds of the plan's step (see the docstring)."""
+def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
+    """Bytes sent + received per domain rank by split groups' m x m collectives (ring volumes, as in
+    Plan.traffic); their time is already in plan.bucket_seconds."""
+    per_rank = [0] * plan.world
+    for i in bucket:
+        spec, group = plan.specs[i], plan.members[i]
+        k = len(group)
+        if k > 1:
+            reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
+            volume = int((2 * reduces + gathers) * (k - 1) / k * min(spec.m, spec.n) ** 2 * ELEMENT_BYTES)
+            for w in group:
+                per_rank[w] += 2 * volume
+    return per_rank
+
+
+def dmuon_seconds(plan: Plan, net: Network, *, padded_fan_out: bool = True) -> dict[str, float]:
+    """Per-part and total predicted seconds of the plan's step, and the busiest rank's megabytes."""
     compute = [max(loads) for loads in plan.bucket_seconds]
-    fwd = [exchange_seconds(plan, b, net) for b in plan.buckets]
-    fans = [fan_out(plan, b, net) for b in plan.buckets]
-    fan = [s for s, _ in fans]
+    exchanges = [exchange(plan, b, net) for b in plan.buckets]
+    fans = [fan_out(plan, b, net, padded=padded_fan_out) for b in plan.buckets]
+    other_fan = sum(fan_out(plan, b, net, padded=not padded_fan_out)[0] for b in plan.buckets)
+    fwd = [t for t, _ in exchanges]
+    fan = [t for t, _ in fans]
     k = len(plan.buckets)
 
     def at(xs: list[float], j: int) -> float:
@@ -186,13 +221,21 @@ def dmuon_seconds(plan: Plan, net: Network) -> dict[str, float]:
     overlapped = at(fwd, 0) + at(fwd, k - 1) + at(fan, k - 2) + at(fan, k - 1)
     for j in range(k):
         overlapped += max(compute[j], at(fwd, j + 1) + at(fwd, j - 1) + at(fan, j - 2))
+    per_rank = [0] * plan.world
+    for b, (_, moved), (_, fanned) in zip(plan.buckets, exchanges, fans):
+        for w, nbytes in enumerate(split_bytes(plan, b)):
+            per_rank[w] += 2 * moved[w] + fanned[w] + nbytes  # exchange and return move the same bytes
+    fan_mb = max((sum(f[1][w] for f in fans) for w in range(plan.world)), default=0) / 2**20
     return {
         "dmuon_s": overlapped,
         "dmuon_serial_s": sum(compute) + 2 * sum(fwd) + sum(fan),
         "dmuon_compute_s": sum(compute),
         "exchange_s": sum(fwd),
         "fan_s": sum(fan),
-        "fan_mb_per_rank": sum(b for _, b in fans) / 2**20,
+        "fan_padded_s": sum(fan) if padded_fan_out else other_fan,
+        "fan_exact_s": other_fan if padded_fan_out else sum(fan),
+        "fan_mb_per_rank": fan_mb,
+        "max_mb_per_rank": max(per_rank, default=0) / 2**20,
     }
 
 
@@ -244,6 +287,7 @@ def simulate(
     *,
     planner: str = "lpt",
     bucket_bytes: int = 64 << 20,
+    fan_out_mode: str = "padded",
 ) -> dict | None:
     """One table row: the plan of `matrices` under (layout, split, world) and its predicted times."""
     size = ranks_per_replica(layout, world, net.gpus_per_node)
@@ -256,7 +300,7 @@ def simulate(
         specs, world, strategy=planner, cost=cost, bucket_bytes=bucket_bytes, split=split, ranks_per_replica=size
     )
     plan_s = time.perf_counter() - start
-    parts = dmuon_seconds(plan, net)
+    parts = dmuon_seconds(plan, net, padded_fan_out=fan_out_mode == "padded")
     naive = naive_seconds(specs, size, cost, net)
     nodes = -(-world // net.gpus_per_node)
     label = "flat" if layout == "flat" else f"hsdp {plan.replicas}x{size}"
@@ -277,7 +321,6 @@ def simulate(
         "split_groups": [
             {"shape": list(g["shape"]), "ranks": g["ranks"], "matrices": g["matrices"]} for g in plan.split_groups()
         ],
-        "max_mb_per_rank": max(s + r for s, r in plan.traffic()) / 2**20,
         "buckets": len(plan.buckets),
         "largest_matrix_s": max(cost.matrix_seconds(s.shape_class) for s in specs),
         "ideal_compute_s": plan.work_seconds / world,
@@ -340,6 +383,10 @@ def main(argv: list[str] | None = None) -> dict:
         help="inter-node GB/s per rank (--bandwidth-gbs: alias)",
     )  # fmt: skip
     parser.add_argument("--bucket-mb", type=float, default=64.0)
+    parser.add_argument(
+        "--fan-out", choices=["padded", "exact"], default="padded",
+        help="HSDP fan-out all-gather padded to the largest replica (dmuon.comm) or exact (all-gather-v)",
+    )  # fmt: skip
     parser.add_argument("--planner", choices=["lpt", "milp"], default="lpt")
     parser.add_argument("--json", type=Path, default=Path("bench_results/simulate_scaling.json"))
     parser.add_argument("--plot", type=Path, default=None)
@@ -377,7 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"communication: alpha {args.alpha_us} us per message, {args.intra_gbs} GB/s intra-node and "
         f"{args.inter_gbs} GB/s inter-node per rank, {args.gpus_per_node} GPUs per node; "
-        f"buckets {args.bucket_mb} MB; planner {args.planner}"
+        f"buckets {args.bucket_mb} MB; planner {args.planner}; HSDP fan-out {args.fan_out}"
     )
     header = (
         f"{'layout':<12} {'split':>5} {'W':>5} {'naive s':>9} {'dmuon s':>9} {'serial s':>9} {'speedup':>8} "
@@ -391,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
             for world in worlds:
                 r = simulate(
                     matrices, layout, split, world, cost, net,
-                    planner=args.planner, bucket_bytes=int(args.bucket_mb * 2**20),
+                    planner=args.planner, bucket_bytes=int(args.bucket_mb * 2**20), fan_out_mode=args.fan_out,
                 )  # fmt: skip
                 if r is None:
                     print(f"{layout:<12} {split:>5} {world:>5}  skipped: W > {args.gpus_per_node} is not a "
@@ -429,6 +476,7 @@ def main(argv: list[str] | None = None) -> dict:
         "gpus_per_node": net.gpus_per_node,
         "bucket_mb": args.bucket_mb,
         "planner": args.planner,
+        "fan_out": args.fan_out,
         "layouts": layouts,
         "splits": splits,
         "worlds": worlds,

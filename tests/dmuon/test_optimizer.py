@@ -200,6 +200,9 @@ def test_high_rank_params_are_orthogonalised_as_matrices() -> None:
         ({"adamw_eps": 0.0}, "eps"),
         ({"adamw_weight_decay": -1.0}, "weight_decay"),
         ({"adamw_foreach": True, "adamw_fused": True}, "exclusive"),
+        ({"split": "sometimes"}, "split must be one of"),
+        ({"split": True}, "split must be one of"),
+        ({"hsdp_replicas": "all"}, "hsdp_replicas must be"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, key) -> None:

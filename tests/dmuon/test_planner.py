@@ -191,7 +191,7 @@ def test_auto_split_divides_a_dominant_matrix_and_shortens_the_plan(world: int) 
 
 
 def test_split_always_uses_whole_replicas_and_respects_hsdp_replicas() -> None:
-    specs = _dominant(8, per_replica=4) + [MatrixSpec("empty", 0, 16, NS, (0, 0, 0, 0))]
+    specs = [*_dominant(8, per_replica=4), MatrixSpec("empty", 0, 16, NS, (0, 0, 0, 0))]
     plan = build_plan(specs, 8, split="always", ranks_per_replica=4)
     assert plan.replicas == 2 and plan.ranks_per_replica == 4
     assert plan.members[-1] in {(r,) for r in range(8)}  # an empty matrix is never split
@@ -235,7 +235,7 @@ def test_split_costs_include_the_collectives() -> None:
         comm = cost.split_comm_seconds(cls, 1, k)
         assert comm > 0 and cost.split_seconds(cls, 1, k) == pytest.approx(alone / k + comm)
     # Latency-bound tiny matrices are never worth splitting.
-    tiny = [MatrixSpec("big", 64, 64, NS, (32, 32))] + _specs([(8, 8)] * 3, 2)
+    tiny = [MatrixSpec("big", 64, 64, NS, (32, 32)), *_specs([(8, 8)] * 3, 2)]
     assert build_plan(tiny, 2, split="auto", cost=cost).split_indices == ()
     wide_groups = CostModel(latency_s=0, bandwidth=1e10, ranks_per_node=8, inter_node_bandwidth=1e9)
     nbytes = 1 << 20
@@ -249,3 +249,18 @@ def test_bad_split_arguments() -> None:
         build_plan(_specs([(4, 4)]), 2, split="sometimes")
     with pytest.raises(ValueError, match="ranks_per_replica"):
         build_plan(_specs([(4, 4)]), 4, ranks_per_replica=3)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8, 16, 64])
+def test_auto_split_never_predicts_a_slower_step_than_owners_only(world: int) -> None:
+    gen = torch.Generator().manual_seed(world)
+    shape_sets = [PI0_LIKE, [(4096, 1024)] + [(256, 1024)] * 12, [(2048, 2048)] * 3 + [(64, 64)] * 40]
+    shape_sets.append(
+        [tuple(int(x) for x in torch.randint(16, 2048, (2,), generator=gen)) for _ in range(30)]
+    )
+    for shapes in shape_sets:
+        specs = _specs(shapes, world)
+        for cost in (CostModel(), CostModel(flops_per_second=1e14, latency_s=1e-4, bandwidth=1e9)):
+            off = build_plan(specs, world, split="off", cost=cost)
+            auto = build_plan(specs, world, split="auto", cost=cost)
+            assert auto.makespan <= off.makespan * (1 + 1e-12), (world, shapes[:3])

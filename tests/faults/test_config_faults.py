@@ -81,6 +81,7 @@ def test_out_of_range_values_fail_naming_the_key() -> None:
         (["optim.eps=-1e-8"], "optim.eps"),
         (["optim.momentum=1.0"], "optim.momentum"),
         (["optim.bucket_mb=0"], "optim.bucket_mb"),
+        (["optim.split=sometimes"], "optim.split"),
         (["optim.betas=[0.9,1.5]"], "optim.betas"),
         (["trainer.clip_grad_norm=0"], "trainer.clip_grad_norm"),
         (["trainer.clip_grad_norm=-1"], "trainer.clip_grad_norm"),
