@@ -9,8 +9,9 @@ Sharded domain (FSDP2 / HSDP), per bucket, inside each replica (one unless HSDP)
   4. compute:  owners run NS with same-shape matrices batched into one (B, m, n) call; split groups
                run dmuon.split_ns on their chunks, batched per (group, shape);
   5. return:   the reverse ragged all_to_all_single sends each rank its rows of every result;
-  6. fan-out:  HSDP only: one all-gather over the replicate dimension gives every replica the rows
-               the other replicas computed (padded to the busiest replica's bytes).
+  6. fan-out:  HSDP only: one ragged all_to_all_single over the replicate dimension gives every
+               replica the rows the other replicas computed (each rank sends its rows of its
+               replica's results to the same shard rank of every other replica; no padding).
 
 Replicated domain (DDP), per bucket: owners orthogonalise their matrices and split members their
 column chunks, then one all-gather (padded to the largest contribution in the bucket) gives every
@@ -206,35 +207,39 @@ class _ShardedBucket:
             out[i] = out[i].view(updates[i].shape)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ HSDP fan-out
-    def fan_out_sizes(self) -> list[int]:
-        """Elements each replica contributes to the fan-out: its shard rank's rows of its results."""
+    def fan_out_splits(self, positions: list[int]) -> tuple[list[int], list[int]]:
+        """(send, receive) elements per replicate-group rank: this rank's rows of its replica's
+        results go to the same shard rank of every other replica, exactly (no padding)."""
         sizes = [0] * self.plan.replicas
         for i in self.bucket:
             spec = self.plan.specs[i]
             sizes[self.plan.replica_of(i)] += spec.rows[self.shard] * spec.n  # type: ignore[index]
-        return sizes
+        send, recv = [0] * len(sizes), [0] * len(sizes)
+        for replica, position in enumerate(positions):
+            if replica != self.replica:
+                send[position] = sizes[self.replica]
+                recv[position] = sizes[replica]
+        return send, recv
 
     def pack_fan_out(self, out: list[Tensor | None]) -> Tensor:
-        width = max(self.fan_out_sizes())
-        send = torch.zeros(width, dtype=self.dtype, device=self.device)
+        """This rank's rows of its replica's results, once per other replica (the same bytes to each)."""
         parts = [out[i].reshape(-1) for i in self.jobs if out[i].numel()]  # type: ignore[union-attr]
-        if parts:
-            flat = torch.cat(parts)
-            send[: flat.numel()] = flat
-        return send
+        mine = self._cat(parts)
+        return mine.repeat(self.plan.replicas - 1)
 
     def unpack_fan_out(
-        self, gathered: Tensor, positions: list[int], updates: Sequence[Tensor], out: list[Tensor | None]
+        self, received: Tensor, positions: list[int], updates: Sequence[Tensor], out: list[Tensor | None]
     ) -> None:
-        width = max(self.fan_out_sizes())
-        cursors = [positions[r] * width for r in range(self.plan.replicas)]
-        for i in self.bucket:
-            replica = self.plan.replica_of(i)
+        cursor = 0
+        for position in range(len(positions)):  # sources in replicate-group rank order
+            replica = positions.index(position)
             if replica == self.replica:
                 continue
-            count = updates[i].numel()
-            out[i] = gathered[cursors[replica] : cursors[replica] + count].view(updates[i].shape)
-            cursors[replica] += count
+            for i in self.bucket:
+                if self.plan.replica_of(i) == replica:
+                    count = updates[i].numel()
+                    out[i] = received[cursor : cursor + count].view(updates[i].shape)
+                    cursor += count
 
     def _cat(self, parts: list[Tensor]) -> Tensor:
         parts = [p for p in parts if p.numel()]
@@ -311,11 +316,12 @@ def sharded_orthogonalize(
         _wait(work, stats)
         b.unpack_results(back, updates, out)
         if fan_out:
-            send = b.pack_fan_out(out)
-            gathered = torch.empty(plan.replicas * send.numel(), dtype=send.dtype, device=send.device)
+            send_splits, recv_splits = b.fan_out_splits(positions)
             with _exposed(stats, blocking=not overlap):
-                fan_work = _all_gather(gathered, send, group=domain.replicate_group, async_op=overlap)
-            fans.append((b, gathered, fan_work))
+                received, fan_work = _all_to_all(
+                    b.pack_fan_out(out), send_splits, recv_splits, domain.replicate_group, overlap
+                )
+            fans.append((b, received, fan_work))
 
     issue_exchange(0)
     for k, b in enumerate(buckets):

@@ -26,8 +26,9 @@ so that its members can gather their column chunks from their own shard group.
             time (1/k of the FLOPs + the m x m all-reduces and all-gathers, alpha-beta) fits in that
             load, or the k that minimises it. Everything else keeps one owner. With no such matrix
             (the common case at small W) the plan is the owner-only plan; and a plan with splits is
-            kept only if its predicted makespan beats the owner-only plan's, so "auto" never
-            predicts a slower step than "off".
+            kept only if its predicted step (the buckets' slowest ranks summed, plus each bucket's
+            all-to-all latency) beats the owner-only plan's, so "auto" never predicts a slower step
+            than "off".
 - "always": every non-empty matrix is split over a whole replica (tests and benchmarks).
 Jobs (owner: 1 rank, split: k ranks) are placed longest first on the least loaded rank or aligned
 group (LPT generalised to gangs); MILP plans refine buckets that hold no split job.
@@ -312,6 +313,11 @@ class Plan:
     def makespan(self) -> float:
         """Predicted NS seconds of the slowest rank (buckets summed)."""
         return max(self.rank_seconds) if self.rank_seconds else 0.0
+
+    @property
+    def stage_seconds(self) -> float:
+        """Predicted NS seconds of the step: buckets end in collectives, so their slowest ranks add up."""
+        return sum(max(loads) for loads in self.bucket_seconds) if self.bucket_seconds else self.makespan
 
     def digest(self) -> str:
         payload = json.dumps(
@@ -746,7 +752,11 @@ def build_plan(
     )
     loads = [sum(stage[r] for stage in per_bucket) for r in range(world)]
     if split == "auto" and max(sizes, default=1) > 1:
-        # Never worse than owners only: keep the split plan only if it is predicted faster.
+        # Never worse than owners only: keep the split plan only if its step is predicted faster
+        # (stages add up; every bucket also pays the latency of its two all-to-alls).
+        def step_seconds(stages: Sequence[Sequence[float]]) -> float:
+            return sum(max(loads) for loads in stages) + len(stages) * 2 * cost.latency_s * (per_replica - 1)
+
         owners_only = build_plan(
             specs,
             world,
@@ -757,7 +767,7 @@ def build_plan(
             split="off",
             ranks_per_replica=per_replica,
         )
-        if owners_only.makespan <= max(loads):
+        if step_seconds(owners_only.bucket_seconds) <= step_seconds(per_bucket):
             return replace(owners_only, split="auto (owners only: splitting was not faster)")
     used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
     return Plan(

@@ -4,7 +4,7 @@ HSDP, with and without split Newton-Schulz. A model, not a measurement: nothing 
     python scripts/simulate_scaling.py [--preset pi0] [--worlds 8,16,64,128,1024]
         [--layouts flat,hsdp] [--gpus-per-node 8] [--splits off,auto]
         [--flops-per-second F] [--alpha-us 20] [--intra-gbs 200] [--inter-gbs 25]
-        [--bucket-mb 64] [--planner lpt|milp] [--fan-out padded|exact] [--json PATH] [--plot PATH]
+        [--bucket-mb 64] [--planner lpt|milp] [--fan-out exact|padded] [--json PATH] [--plot PATH]
 
 --bandwidth-gbs is an alias of --inter-gbs. One row per (layout, split, W).
 
@@ -41,12 +41,13 @@ ranks takes alpha (P-1) plus, on its busiest rank, max(sent, received) of its in
             over P ranks: shard rank s of the computing replica sends member j of a matrix's owner
             or split group its piece (Plan.pieces); nothing moves when sender = member.
     ret_k   the reverse all-to-all: the same pieces of the results go back; ret_k = fwd_k.
-    fan_k   HSDP with R = W/G > 1 replicas: per shard rank s, a ring all-gather over the R replicas
+    fan_k   HSDP with R = W/G > 1 replicas: per shard rank s, an exchange over the R replicas
             (one rank per node: all inter-node) of the rows at s of the results each replica
-            computed. --fan-out padded (default, what dmuon.comm sends): every replica contributes
-            the largest replica's c bytes, alpha (R-1) + (R-1) c / inter; exact (an all-gather-v):
-            alpha (R-1) + the busiest rank's max(sent, received) / inter, where a rank receives the
-            other replicas' contributions and sends all but its ring successor's.
+            computed. --fan-out exact (default, what dmuon.comm sends: a ragged all-to-all): a
+            rank sends its replica's c_r bytes to each of the R-1 others and receives theirs,
+            alpha (R-1) + the busiest rank's max((R-1) c_r, sum of the others' c) / inter; padded
+            (a plain all-gather): every replica contributes the largest replica's c bytes,
+            alpha (R-1) + (R-1) max c / inter.
     serial:  sum_k (fwd_k + compute_k + ret_k + fan_k).
     overlap: the schedule of dmuon.comm.sharded_orthogonalize: fwd_{k+1} is issued before compute_k,
              ret_k right after it, fan_k once ret_k has arrived (after compute_{k+1}). So compute_k
@@ -54,14 +55,15 @@ ranks takes alpha (P-1) plus, on its busiest rank, max(sent, received) of its in
              T = fwd_0 + sum_k max(compute_k, fwd_{k+1} + ret_{k-1} + fan_{k-2})
                  + ret_last + fan_{last-1} + fan_last.
 
-Columns: naive s; dmuon s (overlapped T); serial s; speedup = naive / dmuon; NS s = sum_k compute_k;
-efficiency = plan.efficiency (all NS work / W over the slowest rank's NS seconds, split collectives
-counted as lost time); split = matrices the plan splits; max MB/rank = the busiest rank's MiB sent +
-received in one step (exchange, return, fan-out as modelled, split groups' ring collectives);
-buckets; plan s = seconds build_plan took here. --json PATH (default
+Columns: naive s; dmuon s (overlapped T); serial s; speedup = naive / dmuon, both in the same layout;
+NS s = sum_k compute_k; efficiency = plan.efficiency (all NS work / W over the slowest rank's NS
+seconds, split collectives counted as lost time); split = matrices the plan splits; max MB/rank =
+the busiest rank's MiB sent + received in one step (exchange, return, fan-out as modelled, split
+groups' ring collectives); buckets; plan s = seconds build_plan took here. --json PATH (default
 bench_results/simulate_scaling.json): {"meta": ..., "rows": [...]}, the rows with these columns and
-the parts (exchange_s = sum fwd_k, fan_s, fan_padded_s, fan_exact_s, fan_mb_per_rank, ...);
---plot PATH: a PNG of efficiency and speedup vs W (log x), one line per (layout, split).
+the parts (exchange_s = sum fwd_k; fan_s = sum fan_k, fan_padded_s and fan_exact_s both ways;
+fan_mb_per_rank, the busiest rank's fan-out MiB sent + received; split_groups; plan_s; ...);
+--plot PATH: a PNG of efficiency (log x) and speedup (log-log) vs W, one line per (layout, split).
 """
 
 from __future__ import annotations
@@ -165,8 +167,9 @@ def exchange(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, 
 
 def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) -> tuple[float, list[int]]:
     """A bucket's HSDP fan-out, one ring all-gather per shard rank over the replicas (one rank per node,
-    so inter-node): (seconds, bytes sent + received per domain rank). Padded (dmuon.comm): every
-    replica sends the largest replica's contribution; exact: each its own (an all-gather-v)."""
+    so inter-node): (seconds, bytes sent + received per domain rank). Exact (dmuon.comm's ragged
+    all-to-all): each rank sends its own contribution to every other replica; padded (a plain
+    all-gather): every replica sends the largest replica's contribution."""
     replicas, size, world = plan.replicas, plan.ranks_per_replica, plan.world
     if replicas <= 1:
         return 0.0, [0] * world
@@ -183,8 +186,8 @@ def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) 
         for r in range(replicas):
             if padded:
                 sent = received = (replicas - 1) * width
-            else:  # a ring rank forwards every block but its successor's and receives all but its own
-                sent, received = total - column[(r + 1) % replicas], total - column[r]
+            else:  # the same bytes to every other replica; the others' bytes back
+                sent, received = (replicas - 1) * column[r], total - column[r]
             per_rank[r * size + s] = sent + received
             busiest = max(busiest, sent, received)
     return net.alpha * (replicas - 1) + busiest / net.inter, per_rank
@@ -205,7 +208,7 @@ def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
     return per_rank
 
 
-def dmuon_seconds(plan: Plan, net: Network, *, padded_fan_out: bool = True) -> dict[str, float]:
+def dmuon_seconds(plan: Plan, net: Network, *, padded_fan_out: bool = False) -> dict[str, float]:
     """Per-part and total predicted seconds of the plan's step, and the busiest rank's megabytes."""
     compute = [max(loads) for loads in plan.bucket_seconds]
     exchanges = [exchange(plan, b, net) for b in plan.buckets]
@@ -287,7 +290,7 @@ def simulate(
     *,
     planner: str = "lpt",
     bucket_bytes: int = 64 << 20,
-    fan_out_mode: str = "padded",
+    fan_out_mode: str = "exact",
 ) -> dict | None:
     """One table row: the plan of `matrices` under (layout, split, world) and its predicted times."""
     size = ranks_per_replica(layout, world, net.gpus_per_node)
@@ -297,7 +300,13 @@ def simulate(
     specs = [MatrixSpec(name, m, n, auto, chunk_rows(m, size)) for name, (m, n) in matrices]
     start = time.perf_counter()
     plan = build_plan(
-        specs, world, strategy=planner, cost=cost, bucket_bytes=bucket_bytes, split=split, ranks_per_replica=size
+        specs,
+        world,
+        strategy=planner,
+        cost=cost,
+        bucket_bytes=bucket_bytes,
+        split=split,
+        ranks_per_replica=size,
     )
     plan_s = time.perf_counter() - start
     parts = dmuon_seconds(plan, net, padded_fan_out=fan_out_mode == "padded")
@@ -319,7 +328,8 @@ def simulate(
         "stage_efficiency": plan.stage_efficiency,
         "split_matrices": len(plan.split_indices),
         "split_groups": [
-            {"shape": list(g["shape"]), "ranks": g["ranks"], "matrices": g["matrices"]} for g in plan.split_groups()
+            {"shape": list(g["shape"]), "ranks": g["ranks"], "matrices": g["matrices"]}
+            for g in plan.split_groups()
         ],
         "buckets": len(plan.buckets),
         "largest_matrix_s": max(cost.matrix_seconds(s.shape_class) for s in specs),
@@ -329,7 +339,7 @@ def simulate(
     }
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, title: str = "") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -340,24 +350,28 @@ def plot(rows: list[dict], path: Path) -> None:
     for r in rows:
         series.setdefault((r["layout"], r["split"]), []).append(r)
     colors = {"flat": "tab:blue", "hsdp": "tab:orange"}
+    markers = {"flat": ("o", 7), "hsdp": ("s", 4)}  # HSDP over flat where they coincide (W <= G)
     styles = {"off": "--", "auto": "-", "always": ":"}
     for (layout, split), points in series.items():
         points = sorted(points, key=lambda r: r["world"])
         ws = [r["world"] for r in points]
         name = "flat FSDP2" if layout == "flat" else f"HSDP ({points[0]['ranks_per_replica']}/node)"
-        kw = {"color": colors.get(layout), "linestyle": styles.get(split, "-"), "marker": "o"}
-        ax1.semilogx(ws, [r["efficiency"] for r in points], label=f"{name}, split {split}", **kw)
-        ax2.semilogx(ws, [r["speedup"] for r in points], label=f"{name}, split {split}", **kw)
+        marker, size = markers.get(layout, ("o", 6))
+        kw = {"color": colors.get(layout), "linestyle": styles.get(split, "-"), "marker": marker}
+        ax1.semilogx(ws, [r["efficiency"] for r in points], label=f"{name}, split {split}", ms=size, **kw)
+        ax2.loglog(ws, [r["speedup"] for r in points], label=f"{name}, split {split}", ms=size, **kw)
     ax1.axhline(0.95, color="gray", linestyle=":", linewidth=1)
     ax1.set_ylim(0, 1.05)
     ax1.set_xlabel("ranks W")
     ax1.set_ylabel("balance efficiency (plan.efficiency)")
     ax2.axhline(1.0, color="gray", linestyle=":", linewidth=1)
     ax2.set_xlabel("ranks W")
-    ax2.set_ylabel("speedup over naive FSDP2 Muon")
+    ax2.set_ylabel("speedup over naive Muon, same layout")
     ax1.legend(fontsize=8)
     for ax in (ax1, ax2):
         ax.grid(True, which="both", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -379,14 +393,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--alpha-us", type=float, default=20.0, help="latency per message (us)")
     parser.add_argument("--intra-gbs", type=float, default=200.0, help="intra-node GB/s per rank")
     parser.add_argument(
-        "--inter-gbs", "--bandwidth-gbs", dest="inter_gbs", type=float, default=25.0,
+        "--inter-gbs",
+        "--bandwidth-gbs",
+        dest="inter_gbs",
+        type=float,
+        default=25.0,
         help="inter-node GB/s per rank (--bandwidth-gbs: alias)",
-    )  # fmt: skip
+    )
     parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument(
-        "--fan-out", choices=["padded", "exact"], default="padded",
-        help="HSDP fan-out all-gather padded to the largest replica (dmuon.comm) or exact (all-gather-v)",
-    )  # fmt: skip
+        "--fan-out",
+        choices=["exact", "padded"],
+        default="exact",
+        help="HSDP fan-out: exact (dmuon.comm's ragged all-to-all) or padded (an all-gather padded to the "
+        "largest replica)",
+    )
     parser.add_argument("--planner", choices=["lpt", "milp"], default="lpt")
     parser.add_argument("--json", type=Path, default=Path("bench_results/simulate_scaling.json"))
     parser.add_argument("--plot", type=Path, default=None)
@@ -437,17 +458,26 @@ def main(argv: list[str] | None = None) -> dict:
         for split in splits:
             for world in worlds:
                 r = simulate(
-                    matrices, layout, split, world, cost, net,
-                    planner=args.planner, bucket_bytes=int(args.bucket_mb * 2**20), fan_out_mode=args.fan_out,
-                )  # fmt: skip
+                    matrices,
+                    layout,
+                    split,
+                    world,
+                    cost,
+                    net,
+                    planner=args.planner,
+                    bucket_bytes=int(args.bucket_mb * 2**20),
+                    fan_out_mode=args.fan_out,
+                )
                 if r is None:
-                    print(f"{layout:<12} {split:>5} {world:>5}  skipped: W > {args.gpus_per_node} is not a "
-                          f"multiple of --gpus-per-node")  # fmt: skip
+                    print(
+                        f"{layout:<12} {split:>5} {world:>5}  skipped: W > {args.gpus_per_node} is not a "
+                        f"multiple of --gpus-per-node"
+                    )
                     continue
                 rows.append(r)
                 print(
-                    f"{r['label']:<12} {split:>5} {world:>5} {r['naive_s']:>9.3f} {r['dmuon_s']:>9.3f} "
-                    f"{r['dmuon_serial_s']:>9.3f} {r['speedup']:>8.1f} {r['dmuon_compute_s']:>7.3f} "
+                    f"{r['label']:<12} {split:>5} {world:>5} {r['naive_s']:>9.3f} {r['dmuon_s']:>9.4f} "
+                    f"{r['dmuon_serial_s']:>9.4f} {r['speedup']:>8.1f} {r['dmuon_compute_s']:>7.4f} "
                     f"{r['efficiency']:>10.3f} {r['split_matrices']:>5} {r['max_mb_per_rank']:>11.1f} "
                     f"{r['buckets']:>7} {r['plan_s']:>6.2f}",
                     flush=True,
@@ -460,10 +490,13 @@ def main(argv: list[str] | None = None) -> dict:
                 if not mine:
                     continue
                 worst = min(mine, key=lambda r: r["efficiency"])
+                ideal, slowest, largest = (
+                    worst[k] * 1e3 for k in ("ideal_compute_s", "slowest_rank_s", "largest_matrix_s")
+                )
                 print(
-                    f"lowest efficiency, {layout} split {split}: {worst['efficiency']:.3f} at W={worst['world']} "
-                    f"({worst['label']}): ideal per-rank NS {worst['ideal_compute_s']:.3f}s, slowest rank "
-                    f"{worst['slowest_rank_s']:.3f}s, largest single matrix alone {worst['largest_matrix_s']:.3f}s"
+                    f"lowest efficiency, {layout} split {split}: {worst['efficiency']:.3f} at "
+                    f"W={worst['world']} ({worst['label']}): ideal per-rank NS {ideal:.4g} ms, "
+                    f"slowest rank {slowest:.4g} ms, largest single matrix alone {largest:.4g} ms"
                 )
     meta = {
         "preset": args.preset,
@@ -486,7 +519,11 @@ def main(argv: list[str] | None = None) -> dict:
     args.json.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
     if args.plot:
-        plot(rows, args.plot)
+        title = (
+            f"{args.preset}, {len(matrices)} Muon matrices; compute: {cost_note.split(' (')[0]}; "
+            f"alpha {args.alpha_us} us, {args.intra_gbs} / {args.inter_gbs} GB/s intra / inter"
+        )
+        plot(rows, args.plot, title)
         print(f"wrote {args.plot}")
     return result
 

@@ -1,0 +1,233 @@
+"""scripts/simulate_scaling.py: the communication model on hand-made plans, and the script end to end on
+pi0_small with the FLOP model (no calibration): layouts, split modes, fan-out, JSON and plot."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from dmuon.layout import chunk_rows
+from dmuon.planner import CostModel, MatrixSpec, Plan
+from dmuon.split_ns import split_collectives
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate_scaling.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("simulate_scaling", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["simulate_scaling"] = module  # dataclasses look their module up while it executes
+    spec.loader.exec_module(module)
+    return module
+
+
+sim = _load()
+NS = sim.ns_config("auto")
+ALPHA, INTRA, INTER = 1e-5, 100e9, 10e9
+NET = sim.Network(alpha=ALPHA, intra=INTRA, inter=INTER, gpus_per_node=2)
+
+
+def _plan(world: int, per_replica: int, owners: list[int], *, buckets=None, seconds=None) -> Plan:
+    """Two 4 x 8 matrices "a", "b" with the given owners, rows sharded over `per_replica` ranks."""
+    specs = tuple(MatrixSpec(name, 4, 8, NS, chunk_rows(4, per_replica)) for name in ("a", "b"))
+    buckets = buckets or ((0, 1),)
+    seconds = seconds or tuple((0.0,) * world for _ in buckets)
+    return Plan(
+        world=world,
+        specs=specs,
+        owners=tuple(owners),
+        buckets=buckets,
+        rank_seconds=tuple(sum(b[r] for b in seconds) for r in range(world)),
+        strategy="hand",
+        bucket_seconds=seconds,
+        ranks_per_replica=per_replica,
+    )
+
+
+def test_flat_exchange_counts_intra_and_inter_node_bytes() -> None:
+    # 4 ranks on 2 nodes, one row of "a" (8 floats = 32 bytes) per rank, owner 0; "b" owned by 3.
+    plan = _plan(4, 4, [0, 3], buckets=((0,),))
+    seconds, moved = sim.exchange(plan, (0,), NET)
+    # rank 0 receives 32 B from rank 1 (same node) and 64 B from ranks 2, 3 (other node).
+    assert seconds == pytest.approx(3 * ALPHA + 32 / INTRA + 64 / INTER)
+    assert moved == [96, 32, 32, 32]
+    assert sim.fan_out(plan, (0,), NET, padded=True) == (0.0, [0, 0, 0, 0])  # one replica: no fan-out
+
+
+def test_split_group_receives_column_chunks_and_counts_its_collectives() -> None:
+    # "a" (4 x 8, wide) split over ranks 0, 1: each gets its 4 columns of every rank's row (16 B).
+    plan = dataclasses.replace(_plan(4, 4, [0, 2]), members=((0, 1), (2,)))
+    seconds, moved = sim.exchange(plan, (0,), NET)
+    assert seconds == pytest.approx(3 * ALPHA + 16 / INTRA + 32 / INTER)
+    assert moved == [64, 64, 32, 32]
+    reduces, gathers = split_collectives(NS.algorithm_for((4, 8)), NS.steps)
+    ring = (2 * reduces + gathers) * 1 / 2 * 4 * 4 * 4  # all-reduces count twice; 4 x 4 floats
+    assert sim.split_bytes(plan, (0, 1)) == [2 * ring, 2 * ring, 0, 0]
+
+
+def test_hsdp_exchange_stays_in_the_replica_and_fan_out_crosses_nodes() -> None:
+    # HSDP 2 x 2: "a" owned by rank 2 (replica 1, shard 0), "b" by rank 1 (replica 0, shard 1).
+    plan = _plan(4, 2, [2, 1])
+    seconds, moved = sim.exchange(plan, (0, 1), NET)
+    assert seconds == pytest.approx(ALPHA + 64 / INTRA)  # 2 rows x 8 floats, inside a node
+    assert moved == [64, 64, 64, 64]
+    seconds, fanned = sim.fan_out(plan, (0, 1), NET, padded=True)
+    # each replica contributes its 2 rows (64 B) of one matrix per shard rank: send 64, receive 64
+    assert seconds == pytest.approx(ALPHA + 64 / INTER)
+    assert fanned == [128, 128, 128, 128]
+    # both matrices on replica 0: padded, replica 1 sends 128 B of zeros; exact, it sends nothing.
+    lopsided = _plan(4, 2, [0, 1])
+    assert sim.fan_out(lopsided, (0, 1), NET, padded=True)[0] == pytest.approx(ALPHA + 128 / INTER)
+    exact_s, exact_bytes = sim.fan_out(lopsided, (0, 1), NET, padded=False)
+    assert exact_s == pytest.approx(ALPHA + 128 / INTER)
+    assert exact_bytes == [128, 128, 128, 128]  # replica 0 sends 128, replica 1 receives 128
+    three = dataclasses.replace(lopsided, world=6)  # 3 replicas: padding moves more bytes than exact
+    padded_s, padded_bytes = sim.fan_out(three, (0, 1), NET, padded=True)
+    exact_s, exact_bytes = sim.fan_out(three, (0, 1), NET, padded=False)
+    assert padded_s == pytest.approx(2 * ALPHA + 256 / INTER)
+    assert padded_bytes == [512] * 6  # everyone sends and receives two padded 128 B blocks
+    # exact (dmuon.comm's all-to-all): replica 0 sends its 128 B to both others, they receive 128 B
+    assert exact_s == pytest.approx(2 * ALPHA + 256 / INTER)
+    assert exact_bytes == [256, 256, 128, 128, 128, 128]
+
+
+def test_overlap_follows_the_dmuon_comm_schedule() -> None:
+    one = _plan(4, 2, [2, 1], seconds=((1.0, 2.0, 0.5, 0.0),))
+    parts = sim.dmuon_seconds(one, NET)
+    fwd, fan = parts["exchange_s"], parts["fan_s"]
+    assert parts["dmuon_compute_s"] == 2.0
+    assert parts["dmuon_s"] == pytest.approx(fwd + 2.0 + fwd + fan) == parts["dmuon_serial_s"]
+    # every rank: 64 B out and back in the exchange (128) + 64 B sent and 64 received in the fan-out
+    assert parts["max_mb_per_rank"] * 2**20 == pytest.approx(256)
+    assert parts["fan_mb_per_rank"] * 2**20 == pytest.approx(128)
+    # two buckets, compute far longer than any transfer: only fwd_0, ret_1 and both fan-outs show.
+    two = _plan(4, 2, [2, 1], buckets=((0,), (1,)), seconds=((3.0,) * 4, (5.0,) * 4))
+    parts = sim.dmuon_seconds(two, NET)
+    fwd = [sim.exchange(two, b, NET)[0] for b in two.buckets]
+    fans = [sim.fan_out(two, b, NET, padded=True)[0] for b in two.buckets]
+    assert parts["dmuon_s"] == pytest.approx(fwd[0] + 8.0 + fwd[1] + fans[0] + fans[1])
+    assert parts["dmuon_serial_s"] == pytest.approx(8.0 + 2 * sum(fwd) + sum(fans))
+    # compute negligible: every transfer is exposed, in the windows of the schedule
+    quick = _plan(4, 2, [2, 1], buckets=((0,), (1,)), seconds=((0.0,) * 4, (0.0,) * 4))
+    assert sim.dmuon_seconds(quick, NET)["dmuon_s"] == pytest.approx(
+        fwd[0] + fwd[1] + fwd[0] + fwd[1] + fans[0] + fans[1]
+    )
+
+
+def test_naive_gathers_over_the_shard_group_at_the_right_bandwidth() -> None:
+    cost = CostModel(flops_per_second=1e12)
+    spec = MatrixSpec("a", 64, 32, NS, chunk_rows(64, 4))
+    ns = cost.matrix_seconds((64, 32, sim.ns_config("standard")))
+    gather = 64 * 32 * 4 * 3 / 4
+    assert sim.naive_seconds([spec], 4, cost, NET) == pytest.approx(ns + 3 * ALPHA + gather / INTER)
+    wide = sim.Network(ALPHA, INTRA, INTER, gpus_per_node=4)  # the 4 ranks fit on one node
+    assert sim.naive_seconds([spec], 4, cost, wide) == pytest.approx(ns + 3 * ALPHA + gather / INTRA)
+    assert sim.naive_seconds([spec], 1, cost, NET) == pytest.approx(ns)
+
+
+def test_ranks_per_replica_of_the_layouts() -> None:
+    assert sim.ranks_per_replica("flat", 64, 8) == 64
+    assert sim.ranks_per_replica("hsdp", 64, 8) == 8
+    assert sim.ranks_per_replica("hsdp", 4, 8) == 4  # one node
+    assert sim.ranks_per_replica("hsdp", 12, 8) is None
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, Path]:
+    out = tmp_path_factory.mktemp("simulate")
+    argv = [
+        "--preset=pi0_small",
+        "--worlds=8,12,16,32",
+        "--flops-per-second=1e12",
+        "--bandwidth-gbs=20",  # the old option: now the inter-node bandwidth
+        f"--json={out / 'sim.json'}",
+        f"--plot={out / 'sim.png'}",
+    ]
+    return sim.main(argv), out / "sim.json", out / "sim.png"
+
+
+def _row(result: dict, layout: str, split: str, world: int) -> dict:
+    (row,) = [r for r in result["rows"] if (r["layout"], r["split"], r["world"]) == (layout, split, world)]
+    return row
+
+
+def test_script_rows_json_and_plot(run: tuple[dict, Path, Path]) -> None:
+    result, json_path, png_path = run
+    assert json.loads(json_path.read_text()) == json.loads(json.dumps(result))
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    meta = result["meta"]
+    assert meta["inter_bandwidth_bytes_per_s"] == 20e9 and meta["intra_bandwidth_bytes_per_s"] == 200e9
+    assert meta["preset"] == "pi0_small" and meta["gpus_per_node"] == 8 and meta["fan_out"] == "exact"
+    expected = {("flat", s, w) for s in ("off", "auto") for w in (8, 12, 16, 32)}
+    expected |= {("hsdp", s, w) for s in ("off", "auto") for w in (8, 16, 32)}  # 12 is not 8k: skipped
+    assert {(r["layout"], r["split"], r["world"]) for r in result["rows"]} == expected
+    for r in result["rows"]:
+        assert {
+            "naive_s",
+            "dmuon_s",
+            "dmuon_serial_s",
+            "speedup",
+            "dmuon_compute_s",
+            "efficiency",
+            "split_matrices",
+            "max_mb_per_rank",
+            "buckets",
+            "fan_s",
+            "exchange_s",
+        } <= set(r)
+        assert r["speedup"] > 1 and r["speedup"] == pytest.approx(r["naive_s"] / r["dmuon_s"])
+        assert r["dmuon_compute_s"] <= r["dmuon_s"] <= r["dmuon_serial_s"] + 1e-12
+        assert 0 < r["efficiency"] <= 1 and r["max_mb_per_rank"] > 0
+    for w, label in [(8, "hsdp 1x8"), (16, "hsdp 2x8"), (32, "hsdp 4x8")]:
+        row = _row(result, "hsdp", "off", w)
+        assert row["label"] == label and row["replicas"] == w // 8 and row["ranks_per_replica"] == 8
+    # at W = 8 both layouts are the same single node, so the same plan and times
+    for key in ("naive_s", "dmuon_s", "efficiency", "max_mb_per_rank"):
+        assert _row(result, "flat", "off", 8)[key] == pytest.approx(_row(result, "hsdp", "off", 8)[key])
+
+
+def test_script_splitting_never_slows_the_predicted_compute(run: tuple[dict, Path, Path]) -> None:
+    """split=auto keeps a split plan only if its buckets' NS (plus their all-to-all latency) is
+    predicted faster than the owner-only plan's, at every W (12 included)."""
+    result = run[0]
+    for layout in ("flat", "hsdp"):
+        for world in (8, 12, 16, 32):
+            if layout == "hsdp" and world == 12:
+                continue
+            off, auto = _row(result, layout, "off", world), _row(result, layout, "auto", world)
+            assert off["split_matrices"] == 0
+            latency = 2 * 20e-6 * (auto["ranks_per_replica"] - 1)
+            assert auto["dmuon_compute_s"] + auto["buckets"] * latency <= (
+                off["dmuon_compute_s"] + off["buckets"] * latency
+            ) * (1 + 1e-9), (layout, world)
+    # at 32 ranks pi0_small's largest matrices are each more than a rank's share: auto splits them
+    assert _row(result, "flat", "auto", 32)["split_matrices"] > 0
+    assert (
+        _row(result, "flat", "auto", 32)["efficiency"] > _row(result, "flat", "off", 32)["efficiency"] + 0.1
+    )
+
+
+def test_script_counts_the_hsdp_fan_out(run: tuple[dict, Path, Path]) -> None:
+    result = run[0]
+    for split in ("off", "auto"):
+        assert (
+            _row(result, "hsdp", split, 8)["fan_s"] == 0 == _row(result, "hsdp", split, 8)["fan_mb_per_rank"]
+        )
+        assert _row(result, "flat", split, 32)["fan_s"] == 0
+        for world in (16, 32):
+            row = _row(result, "hsdp", split, world)
+            assert row["fan_s"] > 0 and row["fan_mb_per_rank"] > 0
+            assert row["fan_padded_s"] >= row["fan_exact_s"] > 0
+            # HSDP exchanges stay inside a node of 8: less exchange time than flat FSDP over W ranks
+            assert row["exchange_s"] < _row(result, "flat", split, world)["exchange_s"]
+            assert row["dmuon_serial_s"] == pytest.approx(
+                row["dmuon_compute_s"] + 2 * row["exchange_s"] + row["fan_s"]
+            )
+    # 2 replicas: each rank receives the other replica's half of its rows, at least
+    elements = result["meta"]["elements"]
+    assert _row(result, "hsdp", "off", 16)["fan_mb_per_rank"] >= elements * 4 / 8 / 2**20 * 0.99
