@@ -9,9 +9,11 @@ Sharded domain (FSDP2 / HSDP), per bucket, inside each replica (one unless HSDP)
   4. compute:  owners run NS with same-shape matrices batched into one (B, m, n) call; split groups
                run dmuon.split_ns on their chunks, batched per (group, shape);
   5. return:   the reverse ragged all_to_all_single sends each rank its rows of every result;
-  6. fan-out:  HSDP only: one ragged all_to_all_single over the replicate dimension gives every
-               replica the rows the other replicas computed (each rank sends its rows of its
-               replica's results to the same shard rank of every other replica; no padding).
+  6. fan-out:  HSDP only: over the replicate dimension, one broadcast per replica of the rows at
+               this shard position of the results that replica computed, so every replica gets
+               what the others computed. Exact sizes (no padding to the busiest replica), and a
+               ring/tree broadcast (NCCL) relays the bytes instead of the source sending them to
+               every replica itself.
 
 Replicated domain (DDP), per bucket: owners orthogonalise their matrices and split members their
 column chunks, then one all-gather (padded to the largest contribution in the bucket) gives every
@@ -207,38 +209,38 @@ class _ShardedBucket:
             out[i] = out[i].view(updates[i].shape)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------------ HSDP fan-out
-    def fan_out_splits(self, positions: list[int]) -> tuple[list[int], list[int]]:
-        """(send, receive) elements per replicate-group rank: this rank's rows of its replica's
-        results go to the same shard rank of every other replica, exactly (no padding)."""
+    def fan_out_sizes(self) -> list[int]:
+        """Elements of this shard rank's rows of the results each replica computed."""
         sizes = [0] * self.plan.replicas
         for i in self.bucket:
             spec = self.plan.specs[i]
             sizes[self.plan.replica_of(i)] += spec.rows[self.shard] * spec.n  # type: ignore[index]
-        send, recv = [0] * len(sizes), [0] * len(sizes)
-        for replica, position in enumerate(positions):
-            if replica != self.replica:
-                send[position] = sizes[self.replica]
-                recv[position] = sizes[replica]
-        return send, recv
+        return sizes
 
-    def pack_fan_out(self, out: list[Tensor | None]) -> Tensor:
-        """This rank's rows of its replica's results, once per other replica (the same bytes to each)."""
-        parts = [out[i].reshape(-1) for i in self.jobs if out[i].numel()]  # type: ignore[union-attr]
-        mine = self._cat(parts)
-        return mine.repeat(self.plan.replicas - 1)
+    def pack_fan_out(self, out: list[Tensor | None]) -> list[Tensor]:
+        """One buffer per replica: this rank's rows of its own replica's results (the broadcast it
+        sources), empty buffers of the right size for the others' (the broadcasts it receives)."""
+        sizes = self.fan_out_sizes()
+        buffers = []
+        for replica, size in enumerate(sizes):
+            if replica == self.replica:
+                parts = [out[i].reshape(-1) for i in self.jobs if out[i].numel()]  # type: ignore[union-attr]
+                buffers.append(self._cat(parts))
+            else:
+                buffers.append(torch.empty(size, dtype=self.dtype, device=self.device))
+        return buffers
 
     def unpack_fan_out(
-        self, received: Tensor, positions: list[int], updates: Sequence[Tensor], out: list[Tensor | None]
+        self, buffers: list[Tensor], updates: Sequence[Tensor], out: list[Tensor | None]
     ) -> None:
-        cursor = 0
-        for position in range(len(positions)):  # sources in replicate-group rank order
-            replica = positions.index(position)
+        for replica, buffer in enumerate(buffers):
             if replica == self.replica:
                 continue
+            cursor = 0
             for i in self.bucket:
                 if self.plan.replica_of(i) == replica:
                     count = updates[i].numel()
-                    out[i] = received[cursor : cursor + count].view(updates[i].shape)
+                    out[i] = buffer[cursor : cursor + count].view(updates[i].shape)
                     cursor += count
 
     def _cat(self, parts: list[Tensor]) -> Tensor:
@@ -277,13 +279,6 @@ def _all_to_all(
     return recv, work
 
 
-def _replica_positions(domain: Domain, shard: int) -> list[int]:
-    """Group rank, in the replicate group, of each replica's rank at this shard position."""
-    ranks = dist.get_process_group_ranks(domain.replicate_group)
-    size = domain.replica_size
-    return [ranks.index(domain.ranks[r * size + shard]) for r in range(domain.replicas)]
-
-
 def sharded_orthogonalize(
     plan: Plan,
     domain: Domain,
@@ -302,10 +297,9 @@ def sharded_orthogonalize(
     if not buckets:
         return []
     fan_out = plan.replicas > 1
-    positions = _replica_positions(domain, buckets[0].shard) if fan_out else []
     exchanges: list[tuple[Tensor, dist.Work | None] | None] = [None] * len(buckets)
     returns: list[tuple[_ShardedBucket, Tensor, dist.Work | None]] = []
-    fans: list[tuple[_ShardedBucket, Tensor, dist.Work | None]] = []
+    fans: list[tuple[_ShardedBucket, list[Tensor], list[dist.Work | None]]] = []
 
     def issue_exchange(k: int) -> None:
         b = buckets[k]
@@ -316,12 +310,16 @@ def sharded_orthogonalize(
         _wait(work, stats)
         b.unpack_results(back, updates, out)
         if fan_out:
-            send_splits, recv_splits = b.fan_out_splits(positions)
+            buffers = b.pack_fan_out(out)
+            works = []
             with _exposed(stats, blocking=not overlap):
-                received, fan_work = _all_to_all(
-                    b.pack_fan_out(out), send_splits, recv_splits, domain.replicate_group, overlap
-                )
-            fans.append((b, received, fan_work))
+                for replica, buffer in enumerate(buffers):  # the same order on every rank
+                    if buffer.numel():
+                        source = domain.ranks[replica * domain.replica_size + b.shard]
+                        works.append(
+                            dist.broadcast(buffer, src=source, group=domain.replicate_group, async_op=overlap)
+                        )
+            fans.append((b, buffers, works))
 
     issue_exchange(0)
     for k, b in enumerate(buckets):
@@ -342,9 +340,10 @@ def sharded_orthogonalize(
         returns.append((b, back, back_work))
     for b, back, back_work in returns:
         finish_return(b, back, back_work)
-    for b, gathered, fan_work in fans:
-        _wait(fan_work, stats)
-        b.unpack_fan_out(gathered, positions, updates, out)
+    for b, buffers, works in fans:
+        for fan_work in works:
+            _wait(fan_work, stats)
+        b.unpack_fan_out(buffers, updates, out)
     return out  # type: ignore[return-value]
 
 

@@ -43,10 +43,11 @@ ranks takes alpha (P-1) plus, on its busiest rank, max(sent, received) of its in
     ret_k   the reverse all-to-all: the same pieces of the results go back; ret_k = fwd_k.
     fan_k   HSDP with R = W/G > 1 replicas: per shard rank s, an exchange over the R replicas
             (one rank per node: all inter-node) of the rows at s of the results each replica
-            computed. --fan-out exact (default, what dmuon.comm sends: a ragged all-to-all): a
-            rank sends its replica's c_r bytes to each of the R-1 others and receives theirs,
-            alpha (R-1) + the busiest rank's max((R-1) c_r, sum of the others' c) / inter; padded
-            (a plain all-gather): every replica contributes the largest replica's c bytes,
+            computed. --fan-out exact (default, what dmuon.comm sends: one broadcast per replica,
+            each of that replica's own c_r bytes, relayed along a ring as NCCL pipelines them):
+            alpha R + the busiest rank's max(sent, received) / inter, where a rank receives the
+            other replicas' contributions and forwards all but its ring successor's; padded (a
+            plain all-gather): every replica contributes the largest replica's c bytes,
             alpha (R-1) + (R-1) max c / inter.
     serial:  sum_k (fwd_k + compute_k + ret_k + fan_k).
     overlap: the schedule of dmuon.comm.sharded_orthogonalize: fwd_{k+1} is issued before compute_k,
@@ -167,9 +168,9 @@ def exchange(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, 
 
 def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) -> tuple[float, list[int]]:
     """A bucket's HSDP fan-out, one ring all-gather per shard rank over the replicas (one rank per node,
-    so inter-node): (seconds, bytes sent + received per domain rank). Exact (dmuon.comm's ragged
-    all-to-all): each rank sends its own contribution to every other replica; padded (a plain
-    all-gather): every replica sends the largest replica's contribution."""
+    so inter-node): (seconds, bytes sent + received per domain rank). Exact (dmuon.comm's broadcast
+    per replica, relayed on a ring): every replica's own contribution; padded (a plain all-gather):
+    every replica sends the largest replica's contribution."""
     replicas, size, world = plan.replicas, plan.ranks_per_replica, plan.world
     if replicas <= 1:
         return 0.0, [0] * world
@@ -186,11 +187,12 @@ def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) 
         for r in range(replicas):
             if padded:
                 sent = received = (replicas - 1) * width
-            else:  # the same bytes to every other replica; the others' bytes back
-                sent, received = (replicas - 1) * column[r], total - column[r]
+            else:  # a ring rank forwards every block but its successor's and receives all but its own
+                sent, received = total - column[(r + 1) % replicas], total - column[r]
             per_rank[r * size + s] = sent + received
             busiest = max(busiest, sent, received)
-    return net.alpha * (replicas - 1) + busiest / net.inter, per_rank
+    latency = net.alpha * (replicas - 1 if padded else replicas)  # one collective, or R broadcasts
+    return latency + busiest / net.inter, per_rank
 
 
 def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> dict:
         "--fan-out",
         choices=["exact", "padded"],
         default="exact",
-        help="HSDP fan-out: exact (dmuon.comm's ragged all-to-all) or padded (an all-gather padded to the "
+        help="HSDP fan-out: exact (dmuon.comm's broadcast per replica) or padded (an all-gather padded to the "
         "largest replica)",
     )
     parser.add_argument("--planner", choices=["lpt", "milp"], default="lpt")

@@ -84,16 +84,17 @@ def test_hsdp_exchange_stays_in_the_replica_and_fan_out_crosses_nodes() -> None:
     lopsided = _plan(4, 2, [0, 1])
     assert sim.fan_out(lopsided, (0, 1), NET, padded=True)[0] == pytest.approx(ALPHA + 128 / INTER)
     exact_s, exact_bytes = sim.fan_out(lopsided, (0, 1), NET, padded=False)
-    assert exact_s == pytest.approx(ALPHA + 128 / INTER)
+    assert exact_s == pytest.approx(2 * ALPHA + 128 / INTER)  # a broadcast per replica
     assert exact_bytes == [128, 128, 128, 128]  # replica 0 sends 128, replica 1 receives 128
     three = dataclasses.replace(lopsided, world=6)  # 3 replicas: padding moves more bytes than exact
     padded_s, padded_bytes = sim.fan_out(three, (0, 1), NET, padded=True)
     exact_s, exact_bytes = sim.fan_out(three, (0, 1), NET, padded=False)
     assert padded_s == pytest.approx(2 * ALPHA + 256 / INTER)
     assert padded_bytes == [512] * 6  # everyone sends and receives two padded 128 B blocks
-    # exact (dmuon.comm's all-to-all): replica 0 sends its 128 B to both others, they receive 128 B
-    assert exact_s == pytest.approx(2 * ALPHA + 256 / INTER)
-    assert exact_bytes == [256, 256, 128, 128, 128, 128]
+    # exact (dmuon.comm's broadcasts, relayed on a ring): replica 0 sends its 128 B to replica 1,
+    # which forwards it to replica 2
+    assert exact_s == pytest.approx(3 * ALPHA + 128 / INTER)
+    assert exact_bytes == [128, 128, 256, 256, 128, 128]
 
 
 def test_overlap_follows_the_dmuon_comm_schedule() -> None:
@@ -109,7 +110,7 @@ def test_overlap_follows_the_dmuon_comm_schedule() -> None:
     two = _plan(4, 2, [2, 1], buckets=((0,), (1,)), seconds=((3.0,) * 4, (5.0,) * 4))
     parts = sim.dmuon_seconds(two, NET)
     fwd = [sim.exchange(two, b, NET)[0] for b in two.buckets]
-    fans = [sim.fan_out(two, b, NET, padded=True)[0] for b in two.buckets]
+    fans = [sim.fan_out(two, b, NET, padded=False)[0] for b in two.buckets]
     assert parts["dmuon_s"] == pytest.approx(fwd[0] + 8.0 + fwd[1] + fans[0] + fans[1])
     assert parts["dmuon_serial_s"] == pytest.approx(8.0 + 2 * sum(fwd) + sum(fans))
     # compute negligible: every transfer is exposed, in the windows of the schedule
@@ -222,7 +223,8 @@ def test_script_counts_the_hsdp_fan_out(run: tuple[dict, Path, Path]) -> None:
         for world in (16, 32):
             row = _row(result, "hsdp", split, world)
             assert row["fan_s"] > 0 and row["fan_mb_per_rank"] > 0
-            assert row["fan_padded_s"] >= row["fan_exact_s"] > 0
+            # exact moves no more bytes than padded; it pays one more message latency per bucket
+            assert row["fan_padded_s"] + row["buckets"] * 20e-6 >= row["fan_exact_s"] > 0
             # HSDP exchanges stay inside a node of 8: less exchange time than flat FSDP over W ranks
             assert row["exchange_s"] < _row(result, "flat", split, world)["exchange_s"]
             assert row["dmuon_serial_s"] == pytest.approx(
