@@ -195,6 +195,8 @@ class CostModel:
             profile=profile,
             latency_s=float(data.get("latency_s", DEFAULT_LATENCY_S)),
             bandwidth=float(data.get("bandwidth", DEFAULT_BANDWIDTH)),
+            ranks_per_node=int(data.get("ranks_per_node", 0)),
+            inter_node_bandwidth=float(data.get("inter_node_bandwidth", 0.0)),
         )
 
     def save(self, path: Path) -> None:
@@ -207,6 +209,8 @@ class CostModel:
                     "flops_per_second": self.flops_per_second,
                     "latency_s": self.latency_s,
                     "bandwidth": self.bandwidth,
+                    "ranks_per_node": self.ranks_per_node,
+                    "inter_node_bandwidth": self.inter_node_bandwidth,
                     "profile": self.profile,
                 },
                 indent=1,

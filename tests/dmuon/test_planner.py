@@ -118,6 +118,9 @@ def test_calibration_measures_saves_and_loads(tmp_path) -> None:
     model.save(path)
     loaded = CostModel.load(path)
     assert loaded.profile == model.profile
+    network = CostModel(latency_s=1e-5, bandwidth=3e11, ranks_per_node=8, inter_node_bandwidth=5e10)
+    network.save(tmp_path / "network.json")
+    assert CostModel.load(tmp_path / "network.json") == network
     before = dict(loaded.profile)
     loaded.calibrate(classes, batch_sizes=(1, 2))  # nothing new to measure
     assert loaded.profile == before
