@@ -267,7 +267,8 @@ class Muon(Optimizer):
         """One optimizer step.
 
         Phase 1  momentum: buf <- mu buf + g on each rank's own rows (elementwise).
-        Phase 2  orthogonalise: every Muon matrix is Newton-Schulz'ed once, as a whole matrix, with
+        Phase 2  orthogonalise: every Muon matrix is Newton-Schulz'ed once, by its owner rank as a
+                 whole matrix or exactly by a split group of ranks (dmuon.split_ns), with
                  same-shape matrices batched.
         Phase 3  apply: W <- W (1 - lr wd) - lr scale O on each rank's own rows.
         Phase 4  AdamW groups: torch's fused/foreach AdamW on each rank's own rows.

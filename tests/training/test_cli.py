@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +39,11 @@ def test_the_launchers_process_count_is_read_from_its_command_line(monkeypatch) 
     for args, expected in ((["--num_processes", "3"], 3), (["--num-processes=4"], 4), (["x"], None)):
         process = subprocess.Popen([sys.executable, "-c", code, *args])
         try:
+            # Right after fork the child's /proc cmdline is still pytest's: wait (bounded) for its exec.
+            cmdline = Path(f"/proc/{process.pid}/cmdline")
+            deadline = time.monotonic() + 20
+            while code.encode() not in cmdline.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert cli._parent_num_processes(process.pid) == expected
         finally:
             process.kill()
