@@ -3,7 +3,7 @@
 `dmuon.Muon` (single process and every distributed layout) calls exactly these functions, so the
 distributed result is the single-process result: elementwise phases run on whatever rows a rank
 holds, and orthogonalisation sees whole matrices (or, split over ranks, forms the same products
-from column chunks with exact collectives: dmuon.split_ns).
+out of column chunks with exact collectives: dmuon.split_ns).
 
 Muon, per matrix W (m x n) with gradient g and momentum buffer buf:
 

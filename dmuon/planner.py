@@ -51,7 +51,7 @@ import torch
 
 from dmuon.functional import NSConfig
 from dmuon.newton_schulz import ns_flops
-from dmuon.split_ns import chunk_sizes, split_collectives
+from dmuon.split_ns import chunk_sizes, split_collectives, split_message_elements
 
 STRATEGIES = ("lpt", "milp")
 SPLIT_MODES = ("off", "auto", "always")
@@ -146,9 +146,9 @@ class CostModel:
         """The m x m collectives of one split NS call on a batch (m: the short side)."""
         m, n, ns = cls
         reduces, gathers = split_collectives(ns.algorithm_for((m, n)), ns.steps)
-        nbytes = batch * min(m, n) ** 2 * 4
-        return reduces * self.collective_seconds("all_reduce", nbytes, members) + gathers * (
-            self.collective_seconds("all_gather", nbytes, members)
+        reduced, gathered = split_message_elements(min(m, n), members)
+        return reduces * self.collective_seconds("all_reduce", batch * reduced * 4, members) + gathers * (
+            self.collective_seconds("all_gather", batch * gathered * 4, members)
         )
 
     def split_seconds(self, cls: tuple[int, int, NSConfig], batch: int, members: int) -> float:
@@ -395,8 +395,8 @@ class Plan:
             k = len(group)
             if k > 1:
                 reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
-                mm = min(spec.m, spec.n) ** 2 * element_size
-                volume = int((2 * reduces + gathers) * (k - 1) / k * mm)
+                reduced, gathered = split_message_elements(min(spec.m, spec.n), k)
+                volume = int((2 * reduces * reduced + gathers * gathered) * (k - 1) / k * element_size)
                 for w in group:
                     sent[w] += volume
                     received[w] += volume

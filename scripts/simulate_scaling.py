@@ -86,7 +86,7 @@ import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
-from dmuon.split_ns import split_collectives
+from dmuon.split_ns import split_collectives, split_message_elements
 
 ELEMENT_BYTES = 4
 LAYOUTS = ("flat", "hsdp")
@@ -204,7 +204,8 @@ def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
         k = len(group)
         if k > 1:
             reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
-            volume = int((2 * reduces + gathers) * (k - 1) / k * min(spec.m, spec.n) ** 2 * ELEMENT_BYTES)
+            reduced, gathered = split_message_elements(min(spec.m, spec.n), k)
+            volume = int((2 * reduces * reduced + gathers * gathered) * (k - 1) / k * ELEMENT_BYTES)
             for w in group:
                 per_rank[w] += 2 * volume
     return per_rank

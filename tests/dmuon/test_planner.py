@@ -8,7 +8,7 @@ import torch
 from dmuon.functional import NSConfig
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, assign_lpt, build_plan, make_buckets
-from dmuon.split_ns import split_collectives
+from dmuon.split_ns import split_collectives, split_message_elements
 
 NS = NSConfig(steps=5, coefficients=((3.4445, -4.775, 2.0315),) * 5, algorithm="auto")
 
@@ -226,7 +226,9 @@ def test_split_pieces_cover_every_block_once_and_tall_matrices_move_nothing() ->
     assert len(set(traffic)) == 1 and traffic[0][0] > 0
     reduces, gathers = split_collectives("gram", 5)  # 'auto' picks Gram for the 12 x 37 view
     assert (reduces, gathers) == (2, 10)
-    assert traffic[0][0] == int((2 * reduces + gathers) * 3 / 4 * 12 * 12 * 4)
+    reduced, gathered = split_message_elements(12, 4)
+    assert reduced < 12 * 12 and gathered < 12 * 12  # upper triangles only
+    assert traffic[0][0] == int((2 * reduces * reduced + gathers * gathered) * 3 / 4 * 4)
 
 
 def test_split_costs_include_the_collectives() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan
-from dmuon.split_ns import split_collectives
+from dmuon.split_ns import split_collectives, split_message_elements
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate_scaling.py"
 
@@ -66,7 +66,10 @@ def test_split_group_receives_column_chunks_and_counts_its_collectives() -> None
     assert seconds == pytest.approx(3 * ALPHA + 16 / INTRA + 32 / INTER)
     assert moved == [64, 64, 32, 32]
     reduces, gathers = split_collectives(NS.algorithm_for((4, 8)), NS.steps)
-    ring = (2 * reduces + gathers) * 1 / 2 * 4 * 4 * 4  # all-reduces count twice; 4 x 4 floats
+    # all-reduces count twice; upper triangles of 4 x 4 over 2 ranks: blocks of 1 row at 0..3,
+    # 4 + 3 + 2 + 1 = 10 elements reduced, and 2 x max(4 + 1, 3 + 2) = 10 gathered
+    assert split_message_elements(4, 2) == (10, 10)
+    ring = (2 * reduces * 10 + gathers * 10) * 1 / 2 * 4
     assert sim.split_bytes(plan, (0, 1)) == [2 * ring, 2 * ring, 0, 0]
 
 
