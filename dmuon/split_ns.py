@@ -37,6 +37,8 @@ for the whole batch.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -75,13 +77,14 @@ def split_collectives(algorithm: str, steps: int, restarts: Sequence[int] | None
     return reduces, gathers
 
 
+@functools.lru_cache(maxsize=4096)
 def split_message_elements(m: int, members: int) -> tuple[int, int]:
     """Elements of one split all-reduce and of one split all-gather's whole result, for an m x m
     symmetric matrix over `members` ranks (upper pieces of the 2k zig-zag row blocks; the gather pads
     every member to the largest share)."""
     sizes = chunk_sizes(m, 2 * members)
-    starts = [sum(sizes[:b]) for b in range(2 * members)]
-    piece = [sizes[b] * (m - starts[b]) for b in range(2 * members)]
+    starts = [0, *itertools.accumulate(sizes)][:-1]
+    piece = [size * (m - start) for size, start in zip(sizes, starts)]
     largest = max((piece[j] + piece[2 * members - 1 - j] for j in range(members)), default=0)
     return sum(piece), members * largest
 
@@ -93,7 +96,7 @@ class _Triangle:
     def __init__(self, m: int, group: dist.ProcessGroup | None, members: int, index: int) -> None:
         self.m, self.group, self.members = m, group, members
         sizes = chunk_sizes(m, 2 * members)
-        starts = [sum(sizes[:b]) for b in range(2 * members)]
+        starts = [0, *itertools.accumulate(sizes)][:-1]
         self.all_blocks = [(starts[b], starts[b] + sizes[b]) for b in range(2 * members) if sizes[b]]
 
         def blocks_of(j: int) -> list[tuple[int, int]]:
