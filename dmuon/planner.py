@@ -97,6 +97,12 @@ class MatrixSpec:
             acc += r
         return tuple(out)
 
+    def split_ring_bytes(self, members: int, element_size: int = 4) -> int:
+        """Bytes each member sends (and receives) in the ring collectives of one split NS call."""
+        reduces, gathers = split_collectives(self.ns.algorithm_for((self.m, self.n)), self.ns.steps)
+        reduced, gathered = split_message_elements(min(self.m, self.n), members)
+        return int((2 * reduces * reduced + gathers * gathered) * (members - 1) / members * element_size)
+
     def block(self, members: int, index: int) -> tuple[int, int, int, int]:
         """(row0, row1, col0, col1) of the (m, n) view that split member `index` of `members` works on.
 
@@ -392,11 +398,8 @@ class Plan:
                     for r in range(self.world):
                         if r != w:
                             received[r] += nbytes
-            k = len(group)
-            if k > 1:
-                reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
-                reduced, gathered = split_message_elements(min(spec.m, spec.n), k)
-                volume = int((2 * reduces * reduced + gathers * gathered) * (k - 1) / k * element_size)
+            if len(group) > 1:
+                volume = spec.split_ring_bytes(len(group), element_size)
                 for w in group:
                     sent[w] += volume
                     received[w] += volume

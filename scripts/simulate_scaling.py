@@ -86,7 +86,6 @@ import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
-from dmuon.split_ns import split_collectives, split_message_elements
 
 ELEMENT_BYTES = 4
 LAYOUTS = ("flat", "hsdp")
@@ -200,12 +199,9 @@ def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
     Plan.traffic); their time is already in plan.bucket_seconds."""
     per_rank = [0] * plan.world
     for i in bucket:
-        spec, group = plan.specs[i], plan.members[i]
-        k = len(group)
-        if k > 1:
-            reduces, gathers = split_collectives(spec.ns.algorithm_for((spec.m, spec.n)), spec.ns.steps)
-            reduced, gathered = split_message_elements(min(spec.m, spec.n), k)
-            volume = int((2 * reduces * reduced + gathers * gathered) * (k - 1) / k * ELEMENT_BYTES)
+        group = plan.members[i]
+        if len(group) > 1:
+            volume = plan.specs[i].split_ring_bytes(len(group), ELEMENT_BYTES)
             for w in group:
                 per_rank[w] += 2 * volume
     return per_rank
