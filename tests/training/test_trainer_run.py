@@ -139,8 +139,14 @@ def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, m
 
 def test_ctrl_c_saves_a_checkpoint_and_exits_cleanly(synthetic_dataset, tmp_path) -> None:
     out = tmp_path / "interrupted"
+    # No validation during the run: a SIGINT landing in validation (every 50 steps by default, which a
+    # fast child reaches while a loaded test polls) stops at once by design, without the checkpoint.
     overrides = tiny_overrides(
-        synthetic_dataset, out, "trainer.steps=100000", "trainer.checkpoint_every=100000"
+        synthetic_dataset,
+        out,
+        "trainer.steps=100000",
+        "trainer.checkpoint_every=100000",
+        "trainer.val_every=100000",
     )
     process = subprocess.Popen(
         [sys.executable, "train.py", *overrides],
