@@ -121,36 +121,46 @@ Piece = tuple[int, int, int, int, int, int]  # (source shard rank, member index,
 
 
 class _ShardedBucket:
-    """Bookkeeping of one bucket of a sharded exchange, from this rank's point of view."""
+    """Bookkeeping of one bucket of a sharded exchange, from this rank's point of view.
 
-    def __init__(self, plan: Plan, bucket: Sequence[int], domain: Domain, updates: Sequence[Tensor]) -> None:
-        self.plan, self.bucket = plan, list(bucket)
-        size = plan.ranks_per_replica
+    The routes (who sends which piece to whom) depend on the plan and the rank only: they are built
+    at the first step and kept in the plan's memo.
+    """
+
+    def __init__(self, plan: Plan, k: int, domain: Domain, updates: Sequence[Tensor]) -> None:
+        self.plan, self.bucket = plan, list(plan.buckets[k])
         self.me = domain.rank
-        self.replica, self.shard = divmod(self.me, size)
-        # Matrices this replica computes, and what moves inside the shard group for them.
-        self.jobs = [i for i in self.bucket if plan.replica_of(i) == self.replica]
-        self.sends: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # to shard rank t
-        self.recvs: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # from shard rank t
-        self.mine: dict[int, int] = {}  # matrix -> my member index
-        for i in self.jobs:
-            members = plan.members[i]
-            if self.me in members:
-                self.mine[i] = members.index(self.me)
-            for piece in plan.pieces(i):
-                source, j = piece[0], piece[1]
-                if source == self.shard:
-                    self.sends[members[j] % size].append((i, piece))
-                if members[j] == self.me:
-                    self.recvs[source].append((i, piece))
+        self.replica, self.shard = divmod(self.me, plan.ranks_per_replica)
+        key = ("routes", k, self.me)
+        if key not in plan.memo:
+            plan.memo[key] = self._routes()
+        self.jobs, self.sends, self.recvs, self.mine, self.offset, self.row0 = plan.memo[key]
         self.send_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.sends]
         self.recv_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.recvs]
         first = updates[self.bucket[0]] if self.bucket else None
         self.dtype = first.dtype if first is not None else torch.float32
         self.device = first.device if first is not None else torch.device("cpu")
 
-    def _offset(self, i: int) -> int:
-        return self.plan.specs[i].offsets()[self.shard]
+    def _routes(self) -> tuple:
+        plan, size = self.plan, self.plan.ranks_per_replica
+        # Matrices this replica computes, and what moves inside the shard group for them.
+        jobs = [i for i in self.bucket if plan.replica_of(i) == self.replica]
+        sends: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # to shard rank t
+        recvs: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # from shard rank t
+        mine: dict[int, int] = {}  # matrix -> my member index
+        for i in jobs:
+            members = plan.members[i]
+            if self.me in members:
+                mine[i] = members.index(self.me)
+            for piece in plan.pieces(i):
+                source, j = piece[0], piece[1]
+                if source == self.shard:
+                    sends[members[j] % size].append((i, piece))
+                if members[j] == self.me:
+                    recvs[source].append((i, piece))
+        offset = {i: plan.specs[i].offsets()[self.shard] for i in jobs}  # my first row of matrix i
+        row0 = {i: plan.specs[i].block(len(plan.members[i]), j)[0] for i, j in mine.items()}  # my block's
+        return jobs, sends, recvs, mine, offset, row0
 
     def _local(self, t: Tensor, i: int) -> Tensor:
         spec = self.plan.specs[i]
@@ -160,7 +170,7 @@ class _ShardedBucket:
         parts = []
         for pieces in self.sends:
             for i, (_, _, lo, hi, c0, c1) in pieces:
-                start = self._offset(i)
+                start = self.offset[i]
                 parts.append(self._local(updates[i], i)[lo - start : hi - start, c0:c1].reshape(-1))
         return self._cat(parts)
 
@@ -173,7 +183,7 @@ class _ShardedBucket:
         cursor = 0
         for pieces in self.recvs:
             for i, (_, _, lo, hi, c0, c1) in pieces:
-                r0 = self.plan.specs[i].block(len(self.plan.members[i]), self.mine[i])[0]
+                r0 = self.row0[i]
                 count = (hi - lo) * (c1 - c0)
                 blocks[i][lo - r0 : hi - r0] = received[cursor : cursor + count].view(hi - lo, c1 - c0)
                 cursor += count
@@ -183,7 +193,7 @@ class _ShardedBucket:
         parts = []
         for pieces in self.recvs:
             for i, (_, _, lo, hi, _, _) in pieces:
-                r0 = self.plan.specs[i].block(len(self.plan.members[i]), self.mine[i])[0]
+                r0 = self.row0[i]
                 parts.append(results[i][lo - r0 : hi - r0].reshape(-1).to(self.dtype))
         return self._cat(parts)
 
@@ -197,7 +207,7 @@ class _ShardedBucket:
             for i, (_, _, lo, hi, c0, c1) in pieces:
                 count = (hi - lo) * (c1 - c0)
                 data = received[cursor : cursor + count].view(hi - lo, c1 - c0)
-                start = self._offset(i)
+                start = self.offset[i]
                 target = out[i]
                 assert target is not None
                 if hi - lo == target.shape[0] and c1 - c0 == target.shape[1]:
@@ -293,7 +303,7 @@ def sharded_orthogonalize(
     """
     group = domain.group
     out: list[Tensor | None] = [None] * len(plan.specs)
-    buckets = [_ShardedBucket(plan, b, domain, updates) for b in plan.buckets]
+    buckets = [_ShardedBucket(plan, k, domain, updates) for k in range(len(plan.buckets))]
     if not buckets:
         return []
     fan_out = plan.replicas > 1

@@ -46,6 +46,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -277,8 +278,8 @@ class Plan:
     ranks_per_replica: int = 0
     work_seconds: float = -1.0
     split: str = "off"
-    # Memo of pieces(i): the exchange bookkeeping is rebuilt from the plan at every step.
-    _pieces: dict[int, list] = field(default_factory=dict, compare=False, repr=False)
+    # Memo of what every step derives from the plan alone (pieces(i), dmuon.comm's bucket routes).
+    memo: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -345,8 +346,8 @@ class Plan:
         """The forward exchange of sharded specs[i]: (source shard rank, member index, row0, row1,
         col0, col1) of every non-empty piece of the (m, n) view a shard rank of the computing replica
         sends to a member (the reverse exchange sends the same pieces of the result back)."""
-        if i in self._pieces:
-            return self._pieces[i]
+        if ("pieces", i) in self.memo:
+            return self.memo[("pieces", i)]
         spec, group = self.specs[i], self.members[i]
         assert spec.rows is not None
         offsets = spec.offsets()
@@ -357,7 +358,7 @@ class Plan:
                 lo, hi = max(r0, offsets[s]), min(r1, offsets[s] + rows)
                 if hi > lo and c1 > c0:
                     out.append((s, j, lo, hi, c0, c1))
-        self._pieces[i] = out
+        self.memo[("pieces", i)] = out
         return out
 
     def traffic(self, element_size: int = 4) -> list[tuple[int, int]]:
