@@ -93,3 +93,24 @@ def test_triton_loads_after_rendering_started() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and "rendered then imported" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("task", ["drawer-open-v3", "reach-v3"])
+def test_first_frame_after_reset_shows_the_new_layout(task: str) -> None:
+    """MetaWorld's reset moves the goal and the drawer after its last mj_forward; the first image and
+    observation after reset(seed) must already show seed's layout (a re-render after a forward)."""
+    import mujoco
+
+    with MetaWorldEnv(task, ("corner2", "topview"), 48) as env:
+        env.reset(5)  # another layout first: a stale frame would show this one
+        first = env.reset(6)
+        raw = env._raw.copy()
+        mujoco.mj_forward(env._env.model, env._env.data)
+        for camera in ("corner2", "topview"):
+            np.testing.assert_array_equal(first[f"observation.images.{camera}"], env.render(camera))
+        np.testing.assert_array_equal(raw[:18], env._env._get_curr_obs_combined_no_goal())
+        np.testing.assert_array_equal(raw[18:36], raw[:18])  # reset stacks the current frame twice
+    with MetaWorldEnv(task, ("corner2", "topview"), 48) as fresh:  # and equals a fresh env's frame
+        np.testing.assert_array_equal(
+            fresh.reset(6)["observation.images.topview"], first["observation.images.topview"]
+        )

@@ -82,9 +82,12 @@ def test_training_lowers_the_loss(synthetic_dataset, tmp_path) -> None:
     assert sum(train[-8:]) / 8 < 0.8 * sum(train[:3]) / 3, train
 
 
-@pytest.mark.parametrize("optim", ["dmuon", "adamw"])
-def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim) -> None:
+@pytest.mark.parametrize(
+    ("optim", "augment"), [("dmuon", None), ("adamw", None), ("dmuon", "image_transforms=openpi")]
+)
+def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim, augment) -> None:
     common = [f"optim={optim}", "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.ema_decay=0.9"]
+    common += [augment] if augment else []
     straight, split = tmp_path / "straight", tmp_path / "split"
     run_in_process(tiny_overrides(synthetic_dataset, straight, *common))
     with pytest.raises(SystemExit):  # the first half "crashes" right after step 3's checkpoint
@@ -100,6 +103,10 @@ def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim
     a = torch.load(straight / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
     b = torch.load(split / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
     assert a["trainer_state"]["loader"] == b["trainer_state"]["loader"]
+    if augment:  # augmentation was on: the same run without it trains on other pixels
+        plain = tmp_path / "plain"
+        run_in_process(tiny_overrides(synthetic_dataset, plain, *common[:-1]))
+        assert losses(plain)[0] != losses(straight)[0]
 
 
 def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, monkeypatch) -> None:

@@ -12,6 +12,7 @@ it, so ranks see disjoint samples and a resumed run replays exactly the remainin
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vla.data.augment import AUGMENT_KEY, ImageAugmenter
 from vla.data.errors import DatasetTooSmallError
 from vla.data.processor import BatchProcessor
 from vla.types import Batch
@@ -89,6 +91,35 @@ class ShardedResumableSampler(Sampler[int]):
         return self.samples_per_rank - self.start
 
 
+class _EpochKeyedSampler(Sampler[tuple[int, int]]):
+    """The sampler's indices as (epoch, index) pairs: what augmentation seeds each frame's draw with."""
+
+    def __init__(self, sampler: ShardedResumableSampler) -> None:
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.sampler.epoch
+        return ((epoch, index) for index in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _EpochKeyedDataset(Dataset):
+    """dataset[(epoch, index)] = dataset[index] plus its AUGMENT_KEY (epoch, index)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> dict[str, Any]:
+        item = self.dataset[key[1]]
+        item[AUGMENT_KEY] = key
+        return item
+
+
 def _worker_init(worker_id: int) -> None:
     # Each worker decodes on its own core: torch's intra-op threads would only oversubscribe.
     torch.set_num_threads(1)
@@ -112,6 +143,7 @@ class BatchLoader:
         pin_memory: bool = False,
         prefetch_factor: int | None = 2,
         persistent_workers: bool = True,
+        augment: ImageAugmenter | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -132,11 +164,14 @@ class BatchLoader:
             )
         self.epoch = 0
         self.batches_in_epoch = 0
+        self.augment = augment
         self.loader = DataLoader(
-            dataset,
+            _EpochKeyedDataset(dataset) if augment is not None else dataset,
             batch_size=batch_size,
-            sampler=self.sampler,
-            collate_fn=processor.collate,
+            sampler=_EpochKeyedSampler(self.sampler) if augment is not None else self.sampler,
+            # Augmentation runs here, in the workers, on uint8 images; its draws depend on (epoch, index)
+            # alone, so a resumed or re-sharded run augments every frame as the uninterrupted run did.
+            collate_fn=functools.partial(processor.collate, augment=augment) if augment else processor.collate,
             num_workers=num_workers,
             drop_last=drop_last,
             pin_memory=pin_memory,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from vla.data.augment import ImageAugmenter, ImageTransformsConfig
 from vla.data.loader import BatchLoader, make_dataloader
 from vla.data.metadata import DatasetMetadata
 from vla.data.processor import BatchProcessor, ProcessorConfig
@@ -48,6 +49,7 @@ def build_pipeline(
     val_batch_size: int | None = None,
     val_shuffle: bool = False,
     tokenizer: Any | None = None,
+    image_transforms: ImageTransformsConfig | None = None,
 ) -> DataPipeline:
     """Datasets, processor and loaders for a LeRobot dataset at `root`.
 
@@ -58,7 +60,8 @@ def build_pipeline(
     with `val_shuffle`, in a fixed shuffled order (so its first batches sample many episodes).
     Raises StatsError when stats.json gives the state or action zero width (std, range) in a dim
     where the training data varies, and DatasetTooSmallError when the training split holds less than
-    one batch per rank.
+    one batch per rank. image_transforms (when enabled) augments the training loader's images only,
+    seeded by `seed` (vla.data.augment); validation is never augmented.
     """
     meta = DatasetMetadata(root)
     processor = BatchProcessor.from_dataset(config, meta, tokenizer=tokenizer)
@@ -83,8 +86,13 @@ def build_pipeline(
         "world_size": world_size,
         "device": device,
     }
+    augment = (
+        ImageAugmenter(image_transforms, processor.model_cameras, seed)
+        if image_transforms is not None and image_transforms.enable
+        else None
+    )
     train = make_dataloader(
-        train_dataset, processor, batch_size, shuffle=True, drop_last=True, **loader_kwargs
+        train_dataset, processor, batch_size, shuffle=True, drop_last=True, augment=augment, **loader_kwargs
     )
     val_dataset = LeRobotDataset(root, episodes=val_episodes, **dataset_kwargs) if val_episodes else None
     val = (

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vla.data.augment import AUGMENT_KEY, ImageAugmenter
 from vla.data.errors import DatasetFormatError, MissingFeatureError
 from vla.data.metadata import DatasetMetadata
 from vla.data.normalize import Normalizer, NormMode, parse_modes
@@ -139,11 +140,15 @@ class BatchProcessor:
         return action_delta_timestamps(self.config.action_horizon, fps, self.config.action_key)
 
     # -- batches -------------------------------------------------------------------------------
-    def observation(self, items: Sequence[Mapping[str, Any]]) -> Observation:
+    def observation(
+        self, items: Sequence[Mapping[str, Any]], augment: ImageAugmenter | None = None
+    ) -> Observation:
         """Observation of B items (dicts with the dataset keys and "task"; no action needed).
 
         Camera values may be (3, H, W) tensors as the reader returns them, or (H, W, 3) uint8 arrays
-        as environments (e.g. synthetic.ReachWorld) return them.
+        as environments (e.g. synthetic.ReachWorld) return them. augment (training batches only):
+        applied to each camera's stacked images before resizing; the items then carry
+        AUGMENT_KEY = (epoch, index), which seeds each frame's draw (vla.data.augment).
         """
         config = self.config
         batch_size = len(items)
@@ -161,6 +166,8 @@ class BatchProcessor:
                 )
             if config.uint8_images and stacked.dtype != torch.uint8:
                 stacked = stacked.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+            if augment is not None:
+                stacked = augment.augment(stacked, camera, _augment_keys(items))
             if not config.resize_on_finalize:
                 stacked = resize_with_pad(stacked, size)
             images[camera] = stacked if config.uint8_images else to_model_range(stacked)
@@ -194,10 +201,11 @@ class BatchProcessor:
             tokenized_prompt_mask=prompt_mask,
         )
 
-    def collate(self, items: Sequence[Mapping[str, Any]]) -> Batch:
-        """DataLoader collate_fn: B items -> Batch (images uint8 when config.uint8_images)."""
+    def collate(self, items: Sequence[Mapping[str, Any]], augment: ImageAugmenter | None = None) -> Batch:
+        """DataLoader collate_fn: B items -> Batch (images uint8 when config.uint8_images); `augment`
+        only for training batches (see `observation`)."""
         config = self.config
-        observation = self.observation(items)
+        observation = self.observation(items, augment)
         actions = _stack(items, config.action_key, "ProcessorConfig.action_key").to(torch.float32)
         if actions.ndim == 2 and self.action_dim == 1:  # a shape-(1,) feature reads as (T,) per item
             actions = actions.unsqueeze(-1)
@@ -299,6 +307,16 @@ def _stack(items: Sequence[Mapping[str, Any]], key: str, role: str) -> Tensor:
         ) from None
     except RuntimeError as exc:
         raise DatasetFormatError(f"items[{key!r}] have different shapes across the batch: {exc}") from exc
+
+
+def _augment_keys(items: Sequence[Mapping[str, Any]]) -> list[tuple[int, int]]:
+    try:
+        return [tuple(item[AUGMENT_KEY]) for item in items]  # type: ignore[misc]
+    except KeyError:
+        raise ValueError(
+            f"augmentation needs every item's {AUGMENT_KEY!r} (epoch, index); load training items through "
+            "BatchLoader(augment=...), which adds it"
+        ) from None
 
 
 def _minus_ones(shape: tuple[int, ...]) -> Tensor:

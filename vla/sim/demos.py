@@ -28,6 +28,10 @@ from vla.sim.metaworld_env import (
 
 MARKER_PATH = "meta/metaworld.json"
 GENERATOR = "vla.sim.demos"
+# Recorder version, part of the settings a dataset is reused for. 2: the first frame of an episode shows
+# its own layout (MetaWorldEnv.reset runs mj_forward); recordings of version 1 (no "recorder" key) show
+# the previous episode's goal and drawer there, and are not reused.
+RECORDER_VERSION = 2
 
 
 @dataclass
@@ -59,7 +63,7 @@ class DemoConfig:
         return self.max_attempts if self.max_attempts is not None else 2 * self.episodes
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"recorder": RECORDER_VERSION}
 
 
 @dataclass

@@ -16,6 +16,10 @@ Why not `env.render()`: MetaWorld's renderer multisamples 4x and draws a 4096-px
 a frame here at any resolution; our own `mujoco.Renderer` without multisampling, shadows or
 reflections draws a 64x64 frame in ~7 ms (see shared/reference/sim.md).
 
+First frame: MetaWorld 3.1.1's reset leaves the goal site and the task bodies where the previous reset
+put them until the next `mj_forward`; `reset` runs one, so the first image and observation of an episode
+show its own layout (datasets recorded before this fix carry the stale frame: vla.sim.demos versions them).
+
 Seeding: MetaWorld ignores `reset(seed=...)`, and goal-observable envs freeze object and goal positions
 after construction. `reset(seed)` unfreezes them and seeds the env's generator, so one seed gives
 bit-identical observations and images in any env instance, and different seeds different layouts.
@@ -190,7 +194,14 @@ class MetaWorldEnv:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise SimError(f"reset needs a seed that is an int >= 0, got {seed!r}")
         self._env.seed(int(seed))
-        self._raw, _ = self._env.reset()
+        self._env.reset()
+        # MetaWorld's reset_model moves the goal site and task bodies (model.site_pos / body_pos, e.g. the
+        # drawer) after its last mj_forward, so data.site_xpos and the body poses the renderer and the
+        # observation read still hold the previous episode's layout until the next forward. Recompute
+        # them, then rebuild the reset observation as reset() does (the current frame stacked twice).
+        self._mujoco.mj_forward(self._env.model, self._env.data)
+        self._env._prev_obs = self._env._get_curr_obs_combined_no_goal()
+        self._raw = self._env._get_obs().astype(np.float64)
         self.steps = 0
         self.seed = int(seed)
         return self.observation()

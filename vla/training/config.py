@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from vla.data.augment import ImageTransformsConfig
+
 OPTIMIZERS = ("adamw", "muon", "dmuon")
 PARALLEL_MODES = ("none", "ddp", "fsdp2")
 DATA_SOURCES = ("synthetic", "lerobot", "metaworld")
@@ -242,6 +244,8 @@ class DataConfig:
     uint8_transport: bool = True
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     metaworld: MetaWorldDataConfig = field(default_factory=MetaWorldDataConfig)
+    # Training-only image augmentation (LeRobot's ImageTransformsConfig names; vla.data.augment)
+    image_transforms: ImageTransformsConfig = field(default_factory=ImageTransformsConfig)
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.")

@@ -124,4 +124,5 @@ def build_data(
         world_size=world,
         device=device,
         val_shuffle=True,  # validation reads only its first trainer.val_batches batches
+        image_transforms=cfg.image_transforms,
     )
