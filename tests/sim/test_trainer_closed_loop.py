@@ -25,16 +25,38 @@ TINY_SIM = [
 
 
 @pytest.mark.slow
-def test_run_reports_closed_loop_success(tmp_path, sim_dataset) -> None:
+def test_run_reports_closed_loop_success(tmp_path, sim_dataset, monkeypatch) -> None:
+    from vla.data.augment import ImageAugmenter
+    from vla.eval.curves import success_curve
+
+    augmented: list[str] = []  # cameras of every augmented batch
+    original = ImageAugmenter.augment
+
+    def counting(self, images, camera, keys):
+        augmented.append(camera)
+        return original(self, images, camera, keys)
+
+    monkeypatch.setattr(ImageAugmenter, "augment", counting)
     out = tmp_path / "run"
     summary = run_in_process(
         [*TINY_SIM, f"data.root={sim_dataset}", f"output_dir={out}", "trainer.steps=4", "trainer.closed_loop.every=2",
-         "trainer.closed_loop.videos=1"]
+         "trainer.closed_loop.videos=1", "trainer.closed_loop.final_episodes=3", "image_transforms=openpi"]
     )  # fmt: skip
+    # augmentation ran on the 4 training batches (2 cameras each) and nowhere else: not in validation,
+    # the open-loop evaluation or the two closed-loop evaluations (num_workers=0: all in this process)
+    assert sorted(augmented) == ["corner2"] * 4 + ["topview"] * 4
     report = summary.closed_loop
     assert [t["task"] for t in report["tasks"]] == ["reach-v3", "button-press-topdown-v3"]
-    assert all(
-        t["episodes"] == 2 and [r["seed"] for r in t["results"]] == [1000, 1001] for t in report["tasks"]
+    assert all(  # the final evaluation: final_episodes
+        t["episodes"] == 3 and [r["seed"] for r in t["results"]] == [1000, 1001, 1002]
+        for t in report["tasks"]
+    )
+    curve = success_curve(out / "metrics.jsonl")  # success over training: steps and training seconds
+    assert curve.steps == [2, 4] and curve.episodes == [2, 3]
+    assert 0 < curve.train_s[0] < curve.train_s[1]
+    assert (
+        set(curve.tasks) == {"reach-v3", "button-press-topdown-v3"}
+        and curve.mean[-1] == report["mean_success"]
     )
     assert json.loads((out / "closed_loop.json").read_text())["tasks"] == json.loads(
         json.dumps(report["tasks"])

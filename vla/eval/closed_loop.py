@@ -101,6 +101,8 @@ class TaskReport:
     ci95: tuple[float, float]
     mean_steps_to_success: float | None
     results: list[EpisodeResult] = field(default_factory=list)
+    # vla.sim.layouts.layout_report of the evaluated seeds against the training seeds, when known
+    layout: dict[str, Any] | None = None
 
 
 @dataclass

@@ -206,6 +206,14 @@ class MetaWorldEnv:
         self.seed = int(seed)
         return self.observation()
 
+    def layout(self, seed: int) -> np.ndarray:
+        """The layout `reset(seed)` gives (object and goal positions as MetaWorld draws them), without
+        rendering; the env is left reset to that seed."""
+        self._env.seed(int(seed))
+        self._env.reset()
+        self._raw = None  # not a started episode: step() needs reset(seed)
+        return np.array(self._env._last_rand_vec, dtype=np.float64)
+
     def step(self, action: np.ndarray) -> SimStep:
         """Apply one (4,) action (clipped to [-1, 1]); NaN/inf actions raise instead of corrupting the sim."""
         if self._raw is None:

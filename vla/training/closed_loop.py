@@ -36,9 +36,17 @@ def local_policy_copy(model: nn.Module, sharded: bool) -> nn.Module:
 
 
 def closed_loop_evaluation(
-    cfg: TrainConfig, model: nn.Module, processor: Any, sharded: bool, video_dir: Path | None
+    cfg: TrainConfig,
+    model: nn.Module,
+    processor: Any,
+    sharded: bool,
+    video_dir: Path | None,
+    episodes: int | None = None,
 ) -> dict[str, Any] | None:
-    """Success per task for the run's MetaWorld tasks, or None when not evaluating (see module doc)."""
+    """Success per task for the run's MetaWorld tasks, or None when not evaluating (see module doc).
+
+    episodes: per task (default trainer.closed_loop.episodes), on seeds closed_loop.seed, seed + 1, ...
+    """
     settings_cfg = cfg.trainer.closed_loop
     if cfg.data.source != "metaworld" or settings_cfg.episodes == 0:
         return None
@@ -63,7 +71,8 @@ def closed_loop_evaluation(
         replan_every=settings_cfg.replan_every,
         parallel_envs=settings_cfg.parallel_envs,
     )
-    seeds = list(range(settings_cfg.seed, settings_cfg.seed + settings_cfg.episodes))
+    count = settings_cfg.episodes if episodes is None else episodes
+    seeds = list(range(settings_cfg.seed, settings_cfg.seed + count))
     trained = training_seeds(cfg.data.root)
     for task in tasks:
         overlap = sorted(set(seeds) & trained.get(task, set()))

@@ -263,12 +263,16 @@ class ClosedLoopConfig:
     """Closed-loop evaluation in MetaWorld (vla.eval.closed_loop), for runs on data=metaworld.
 
     Runs at the end of training and, with every > 0, every `every` steps; success per task goes to
-    metrics.jsonl / TensorBoard (eval/success/<task>) and the summary. episodes=0 turns it off.
+    metrics.jsonl / TensorBoard (eval/success/<task>, with eval/train_s: the training seconds so far,
+    evaluation and validation excluded) and the summary: a curve of success against steps and seconds
+    (vla.eval.curves). episodes=0 turns it off; final_episodes: the last evaluation's episodes per task
+    (null: episodes), e.g. a cheap curve every K steps and a thorough final number.
     tasks: null evaluates the dataset's tasks. seed: episode e runs on seed + e; seeds the dataset was
     recorded on are refused. The episodes are split over the ranks.
     """
 
     episodes: int = 10
+    final_episodes: int | None = None
     every: int = 0
     tasks: list[str] | None = None
     seed: int = 1000
@@ -281,6 +285,8 @@ class ClosedLoopConfig:
         check_finite_fields(self, "trainer.closed_loop.")
         for key in ("episodes", "every", "seed", "videos"):
             _positive(f"trainer.closed_loop.{key}", getattr(self, key), allow_zero=True)
+        if self.final_episodes is not None:
+            _positive("trainer.closed_loop.final_episodes", self.final_episodes)
         for key in ("replan_every", "max_episode_steps", "parallel_envs"):
             _positive(f"trainer.closed_loop.{key}", getattr(self, key))
 

@@ -177,6 +177,7 @@ class Trainer:
         )
         self.step = 0
         self.skipped = 0
+        self.train_seconds = 0.0  # data + forward/backward + optimizer, summed over the steps (resumed too)
         self.stop_signals: StopSignals | None = None
         self._dataset_fingerprint = dataset_fingerprint(self.data.meta.root)
 
@@ -196,6 +197,7 @@ class Trainer:
         return {
             "step": self.step,
             "skipped": self.skipped,
+            "train_seconds": self.train_seconds,
             "loader": self.data.train.state_dict(),
             "global_batch": self.cfg.trainer.batch_size,
             "config": flatten(self.cfg),  # compared on resume (vla.training.resume)
@@ -231,6 +233,7 @@ class Trainer:
                 f"metrics.jsonl: dropped {dropped} record(s) of steps after {self.step} (re-run now)"
             )
         self.skipped = int(state.get("skipped", 0))
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         loader_state = dict(state["loader"])
         if loader_state.get("world_size") != self.world:
             # Same global batch on another world size: the global batches of a step are the same
@@ -357,15 +360,19 @@ class Trainer:
             return None
         start = time.perf_counter()
         video_dir = self.output_dir / "videos" if final else None
+        settings = self.cfg.trainer.closed_loop
+        episodes = settings.final_episodes if final and settings.final_episodes else settings.episodes
         ema = self.ema.applied(self.model) if self.ema else contextlib.nullcontext()
         with ema:
             report = closed_loop_evaluation(
-                self.cfg, self.model, self.data.processor, is_sharded(self.model), video_dir
+                self.cfg, self.model, self.data.processor, is_sharded(self.model), video_dir, episodes
             )
         reshard(self.model)
         if report is None:
             return None
         scalars = report.pop("scalars")
+        # the x axes of a success curve: steps (the record's) and training seconds so far
+        scalars |= {"train_s": self.train_seconds, "episodes": float(episodes)}
         self.tracker.log(self.step, scalars, prefix="eval")
         if self.is_main:
             if final:
@@ -433,6 +440,7 @@ class Trainer:
                     "comm_wait_s", 0.0
                 )
                 history.append(times)
+                self.train_seconds += times.total_s
 
                 self.step += 1
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:

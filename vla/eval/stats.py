@@ -1,0 +1,104 @@
+"""Interval maths for closed-loop studies: spread over training seeds and a two-level bootstrap.
+
+A run's result is its per-task outcomes: task -> (successes, episodes). An optimizer's mean success is
+the mean over its training seeds of the mean over tasks of each task's success rate (every task weighs
+the same, whatever its episode count).
+
+The bootstrap resamples both levels of the experiment: training seeds with replacement, then, within
+each drawn seed, every task's episodes with replacement. Resampling n episodes of which k succeeded
+draws Binomial(n, k / n) successes, so the episode level is sampled exactly without materialising
+episodes. The two optimizers are resampled independently (unpaired), which does not assume that seed i
+of one optimizer is related to seed i of the other.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+# task -> (successes, episodes) for one training run
+RunOutcomes = Mapping[str, tuple[int, int]]
+
+
+def run_mean_success(run: RunOutcomes) -> float:
+    """Mean over tasks of the success rate."""
+    if not run:
+        raise ValueError("a run needs at least one task")
+    for task, (successes, episodes) in run.items():
+        if episodes < 1 or not 0 <= successes <= episodes:
+            raise ValueError(
+                f"{task}: need 0 <= successes <= episodes and episodes >= 1, got {successes}/{episodes}"
+            )
+    return statistics.fmean(s / n for s, n in run.values())
+
+
+@dataclass
+class SeedSpread:
+    """Mean, sample standard deviation, min and max over seeds (std is 0 for a single seed)."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    seeds: int
+
+
+def seed_spread(values: Sequence[float]) -> SeedSpread:
+    if not values:
+        raise ValueError("no seeds")
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return SeedSpread(statistics.fmean(values), std, min(values), max(values), len(values))
+
+
+def _bootstrap_means(
+    runs: Sequence[RunOutcomes], tasks: list[str], resamples: int, rng: np.random.Generator
+) -> np.ndarray:
+    """(resamples,) optimizer mean success under the two-level bootstrap."""
+    successes = np.array([[run[t][0] for t in tasks] for run in runs], dtype=np.int64)  # (S, T)
+    episodes = np.array([[run[t][1] for t in tasks] for run in runs], dtype=np.int64)
+    seeds = rng.integers(0, len(runs), size=(resamples, len(runs)))  # (R, S) drawn seeds
+    n = episodes[seeds]  # (R, S, T)
+    drawn = rng.binomial(n, successes[seeds] / n)
+    return (drawn / n).mean(axis=2).mean(axis=1)
+
+
+@dataclass
+class Difference:
+    """mean success of `b` minus that of `a`, with its bootstrap interval."""
+
+    difference: float
+    ci: tuple[float, float]
+    confidence: float
+    excludes_zero: bool
+    resamples: int
+
+
+def success_difference(
+    a: Sequence[RunOutcomes],
+    b: Sequence[RunOutcomes],
+    *,
+    resamples: int = 20000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> Difference:
+    """Mean success of b minus a (each a list of runs, one per training seed), percentile interval."""
+    if not a or not b:
+        raise ValueError("both sides need at least one run")
+    tasks = sorted(a[0])
+    for run in (*a, *b):
+        if sorted(run) != tasks:
+            raise ValueError(f"every run must report the same tasks: {sorted(run)} vs {tasks}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    rng = np.random.default_rng(seed)
+    observed = statistics.fmean(map(run_mean_success, b)) - statistics.fmean(map(run_mean_success, a))
+    draws = _bootstrap_means(b, tasks, resamples, rng) - _bootstrap_means(a, tasks, resamples, rng)
+    tail = (1 - confidence) / 2
+    low, high = (float(x) for x in np.quantile(draws, [tail, 1 - tail]))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError("the bootstrap produced a non-finite interval")
+    return Difference(observed, (low, high), confidence, not (low <= 0.0 <= high), resamples)
