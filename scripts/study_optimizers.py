@@ -1,24 +1,34 @@
-"""AdamW vs DMuon on MetaWorld: learning-rate sweeps, validation curves, closed-loop success.
+"""AdamW vs DMuon on MetaWorld over several training seeds: learning rates, curves, success with intervals.
 
     python scripts/study_optimizers.py --out outputs/study            # the documented study
     python scripts/study_optimizers.py --out outputs/study --report   # tables and plots from finished runs
 
-Trains the same policy (model=pi0_sim) on the same MetaWorld demonstrations (data=metaworld) with the
-same seed, initial weights and data order, once per (optimizer, learning rate): AdamW over --adamw-lrs
-and DMuon over --dmuon-lrs (its AdamW side fixed at --dmuon-adamw-lr). Naive Muon runs --muon-steps
-steps at DMuon's best learning rate to show it follows DMuon's loss curve (same update, every rank
-doing all the work). The best run of each optimizer (lowest validation loss) is then evaluated in
-closed loop on unseen seeds.
+Every run is `train.py experiment=metaworld` (the MetaWorld recipe: model, data, augmentation,
+schedule) with the optimizer, learning rate and training seed set here, the same data and the same
+budget in steps, and closed-loop success measured during training (every --eval-every steps on
+--curve-episodes episodes per task) and at the end (--episodes per task, seeds from --eval-seed).
 
-Runs go two at a time by default (--parallel; AdamW lr_i beside DMuon lr_i, one intra-op thread
-each), so the pairs that are compared share the machine alike. Step times for the per-second view are
-each run's median. Resumable: a finished run (summary.json with all steps) is reused, an interrupted one resumes from its
-last checkpoint, an evaluated run keeps its closed_loop_eval.json. Writes to --out:
-    runs/<optimizer>_lr<lr>/        each training run (Hydra output_dir)
-    study.json                      every number below
-    val_loss.png                    validation loss against step and against training seconds
-    success.png                     closed-loop success per task, best AdamW vs best DMuon
-and prints a table of both.
+1. Learning rates, chosen on validation loss (never on the success seeds that are reported): each
+   optimizer runs its --adamw-lrs / --dmuon-lrs at training seed --seeds[0]; the lr with the lowest
+   validation loss wins. That run is the optimizer's first seed (its success was not used to pick it).
+2. Seeds: the winning lr of each optimizer on the other --seeds (AdamW and DMuon of one seed side by side).
+3. Naive Muon (every rank does all the work) and a DMuon twin run --muon-steps steps of the same
+   schedule: the exactness check (same update, so the same losses).
+
+Reported per optimizer: final success (mean, spread and per task over seeds), success against steps
+and against training seconds (step x the run's median step time) with seed bands, the steps each seed
+needs to reach AdamW's best mean validation loss, and the difference in mean success (DMuon - AdamW)
+with a 95% bootstrap interval over seeds and episodes (vla.eval.stats); per task, the distance of the
+evaluation layouts to the nearest demonstration (vla.sim.layouts).
+
+Runs go --parallel at a time (one intra-op thread each). Resumable: a finished run (summary.json with
+every step) is reused, an interrupted one resumes from its last checkpoint. Writes to --out:
+    runs/<optimizer>_lr<lr>_seed<seed>/   each training run (its output_dir)
+    study.json                            every number below
+    val_loss.png                          validation loss against step and seconds, mean and seed band
+    success_curve.png                     closed-loop success against step and seconds, mean and band
+    success.png                           final success per task, mean over seeds with the seeds' range
+and prints the tables.
 """
 
 from __future__ import annotations
@@ -31,47 +41,63 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vla.eval.curves import read_metrics, steps_to_reach, success_curve, validation_curve  # noqa: E402
+from vla.eval.stats import seed_spread, success_difference  # noqa: E402
+
+OPTIMIZERS = ("adamw", "dmuon")
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=__doc__,
+        formatter_class=lambda prog: argparse.ArgumentDefaultsHelpFormatter(prog, width=110),
     )
-    parser.add_argument("--out", type=Path, default=Path("outputs/study"))
-    parser.add_argument("--model", default="pi0_sim", help="model preset (configs/model)")
-    parser.add_argument("--steps", type=int, default=1000, help="optimizer steps per run")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--adamw-lrs", default="2.5e-4,5e-4,1e-3")
-    parser.add_argument("--dmuon-lrs", default="0.01,0.02,0.04")
+    parser.add_argument("--out", type=Path, default=Path("outputs/study"), help="study directory")
     parser.add_argument(
-        "--dmuon-adamw-lr", type=float, default=5e-4, help="DMuon's AdamW side (embeddings, heads)"
+        "--experiment", default="metaworld", help="configs/experiment preset every run starts from"
     )
-    parser.add_argument("--muon-steps", type=int, default=30, help="naive Muon steps (0: skip)")
-    parser.add_argument("--val-every", type=int, default=50)
-    parser.add_argument("--episodes", type=int, default=20, help="closed-loop episodes per task")
-    parser.add_argument("--eval-seed", type=int, default=1000)
-    parser.add_argument("--replan-every", type=int, default=5)
+    parser.add_argument(
+        "--steps", type=int, default=None, help="optimizer steps per run (default: the preset's)"
+    )
+    parser.add_argument("--seeds", default="0,1,2", help="training seeds; the first also picks the lr")
+    parser.add_argument("--adamw-lrs", default="5e-4,1e-3,2e-3")
+    parser.add_argument("--dmuon-lrs", default="0.005,0.01,0.02")
+    parser.add_argument(
+        "--dmuon-adamw-lr", type=float, default=None, help="DMuon's AdamW side (default: preset's)"
+    )
+    parser.add_argument("--muon-steps", type=int, default=30, help="naive Muon check steps (0: skip)")
+    parser.add_argument("--eval-every", type=int, default=250, help="closed-loop evaluation interval (steps)")
+    parser.add_argument("--curve-episodes", type=int, default=20, help="episodes per task at each interval")
+    parser.add_argument("--episodes", type=int, default=50, help="episodes per task at the final step")
+    parser.add_argument("--eval-seed", type=int, default=1000, help="first evaluation seed")
     parser.add_argument("--parallel", type=int, default=2, help="runs trained at once (cores shared out)")
-    parser.add_argument(
-        "--report", action="store_true", help="only collect finished runs and write the report"
-    )
+    parser.add_argument("--resamples", type=int, default=20000, help="bootstrap resamples")
+    parser.add_argument("--report", action="store_true", help="only collect finished runs and report")
     parser.add_argument(
         "--train-arg", action="append", default=[], help="extra train.py override (repeatable)"
     )
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.lrs = {"adamw": _floats(args.adamw_lrs), "dmuon": _floats(args.dmuon_lrs)}
+    if not args.seeds or not all(args.lrs.values()):
+        parser.error("--seeds, --adamw-lrs and --dmuon-lrs need at least one value each")
+    return args
 
 
-def _lrs(text: str) -> list[float]:
+def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def run_name(optimizer: str, lr: float, steps: int | None = None) -> str:
-    """A sweep run's directory name; short check runs (naive Muon and its DMuon twin) add their steps."""
-    return f"{optimizer}_lr{lr:g}" + (f"_{steps}steps" if steps is not None else "")
+def run_name(optimizer: str, lr: float, seed: int, steps: int | None = None) -> str:
+    """A run's directory name; the short exactness-check runs add their steps."""
+    return f"{optimizer}_lr{lr:g}_seed{seed}" + (f"_{steps}steps" if steps is not None else "")
 
 
 def _summary(run_dir: Path) -> dict[str, Any] | None:
@@ -79,41 +105,69 @@ def _summary(run_dir: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def launch(args: argparse.Namespace, optimizer: str, lr: float, steps: int) -> subprocess.Popen | None:
-    """Start one train.py run (resumed when interrupted); None when it finished earlier."""
-    run_dir = args.out / "runs" / run_name(optimizer, lr, None if steps == args.steps else steps)
+def finished(run_dir: Path, steps: int) -> bool:
     done = _summary(run_dir)
-    if done is not None and done["steps"] >= steps and not done.get("stopped_early"):
-        print(f"  {run_dir.name}: finished earlier, reused", flush=True)
-        return None
+    return (
+        done is not None
+        and done.get("status", "finished") == "finished"
+        and not done.get("stopped_early")
+        and done["steps"] >= steps
+    )
+
+
+def preset_steps(args: argparse.Namespace) -> int:
+    """The step budget of the runs: --steps, else the experiment preset's trainer.steps."""
+    if args.steps is not None:
+        return args.steps
+    from vla.training.config import compose
+
+    return compose([f"experiment={args.experiment}", *args.train_arg]).trainer.steps
+
+
+def train_overrides(
+    args: argparse.Namespace, optimizer: str, lr: float, seed: int, run_dir: Path, steps: int | None
+) -> list[str]:
+    """train.py overrides of one run; steps: None for a study run, N for an exactness-check run."""
     overrides = [
-        f"model={args.model}",
-        "data=metaworld",
+        f"experiment={args.experiment}",
         f"optim={optimizer}",
         f"optim.lr={lr}",
-        f"trainer.steps={steps}",
-        f"trainer.batch_size={args.batch_size}",
-        # Every run follows the same lr schedule, that of a --steps run: naive Muon's short run too.
-        f"trainer.schedule_steps={args.steps}",
-        f"trainer.warmup_steps={max(1, min(50, args.steps // 10))}",
-        f"trainer.val_every={args.val_every}",
-        "trainer.val_batches=4",
-        f"trainer.checkpoint_every={max(args.val_every, 250)}",
+        f"trainer.seed={seed}",
+        f"trainer.steps={steps or args.budget}",
+        f"trainer.schedule_steps={args.budget}",  # a check run follows the first steps of the full schedule
         "trainer.log_every=1",
         "trainer.progress_bar=false",
-        "trainer.closed_loop.episodes=0",  # the study evaluates the best runs itself, on more episodes
         f"output_dir={run_dir}",
-        *args.train_arg,
     ]
-    if optimizer != "adamw":
+    if steps is not None:
+        overrides.append("trainer.closed_loop.episodes=0")
+    else:
+        overrides += [
+            f"trainer.closed_loop.every={args.eval_every}",
+            f"trainer.closed_loop.episodes={args.curve_episodes}",
+            f"trainer.closed_loop.final_episodes={args.episodes}",
+            f"trainer.closed_loop.seed={args.eval_seed}",
+        ]
+    if optimizer != "adamw" and args.dmuon_adamw_lr is not None:
         overrides.append(f"optim.adamw_lr={args.dmuon_adamw_lr}")
     if (run_dir / "checkpoints").is_dir():
         overrides.append("trainer.resume=auto")
+    return [*overrides, *args.train_arg]
+
+
+def launch(args: argparse.Namespace, job: tuple[str, float, int, int | None]) -> subprocess.Popen | None:
+    """Start one train.py run (resumed when interrupted); None when it finished earlier."""
+    optimizer, lr, seed, steps = job
+    run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
+    if finished(run_dir, steps or args.budget):
+        print(f"  {run_dir.name}: finished earlier, reused", flush=True)
+        return None
+    overrides = train_overrides(args, optimizer, lr, seed, run_dir, steps)
     run_dir.mkdir(parents=True, exist_ok=True)
-    print(f"  {run_dir.name}: training {steps} steps ...", flush=True)
+    print(f"  {run_dir.name}: training ...", flush=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     if args.parallel > 1:  # share the cores out: one intra-op thread per run
-        env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // args.parallel)))
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.parallel))
     log = open(run_dir / "train.log", "a")  # noqa: SIM115 (closed by wait())
     process = subprocess.Popen(
         [sys.executable, str(ROOT / "train.py"), *overrides],
@@ -135,242 +189,361 @@ def wait(process: subprocess.Popen) -> None:
     print(f"  {run_dir.name}: done in {time.perf_counter() - process.started:.0f} s", flush=True)  # type: ignore[attr-defined]
 
 
-def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int]]) -> None:
-    """Run the (optimizer, lr, steps) jobs, `args.parallel` at a time (AdamW and DMuon side by side)."""
+def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int, int | None]]) -> None:
+    """Run the (optimizer, lr, seed, steps) jobs, `args.parallel` at a time, in the order given."""
     for first in range(0, len(jobs), args.parallel):
-        started = [launch(args, *job) for job in jobs[first : first + args.parallel]]
+        started = [launch(args, job) for job in jobs[first : first + args.parallel]]
         for process in started:
             if process is not None:
                 wait(process)
 
 
-def curves(run_dir: Path) -> dict[str, list[float]]:
-    """Train / validation curves of a run: steps (1-based), losses, and training seconds at each step."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    # Steps are logged 1..N; metrics written before that convention count from 0: their last step is N - 1.
-    logged = [r["step"] for r in records if r["split"] == "train"]
-    summary = _summary(run_dir)
-    finished = summary["steps"] if summary else None
-    offset = 1 if logged and (min(logged) == 0 or max(logged) == (finished or 0) - 1) else 0
-    train: dict[int, dict[str, Any]] = {}
-    val: dict[int, float] = {}
-    for r in records:  # a resumed run re-logs some steps: the last record of a step wins
-        if r["split"] == "train":
-            train[r["step"] + offset] = r
-        elif r["split"] == "val":
-            val[r["step"] + offset] = r["loss"]
-    # Seconds = step x the run's median step time: medians shrug off the machine's passing load, which a
-    # sum of step times would charge to whichever run it happened to hit.
+def _interleave(a: list, b: list) -> list:
+    out = [x for pair in zip(a, b) for x in pair]
+    return out + a[len(b) :] + b[len(a) :]
+
+
+def collect_run(run_dir: Path) -> dict[str, Any]:
+    """Curves and the final closed-loop outcomes of one run directory."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = {int(r["step"]): r for r in records if r.get("split") == "train" and "step_s" in r}
+    # seconds = step x the run's median step time: medians shrug off the machine's passing load
     median_step_s = statistics.median(r["step_s"] for r in train.values()) if train else math.nan
-    val_steps = sorted(val)
+    val_steps, val_loss = validation_curve(run_dir / "metrics.jsonl")
+    success = success_curve(run_dir / "metrics.jsonl")
+    final_path = run_dir / "closed_loop.json"
+    final = json.loads(final_path.read_text()) if final_path.is_file() else None
     return {
-        "train_steps": sorted(train),
-        "train_loss": [train[s]["loss"] for s in sorted(train)],
-        "val_steps": val_steps,
-        "val_loss": [val[s] for s in val_steps],
-        "val_seconds": [s * median_step_s for s in val_steps],
+        "dir": str(run_dir),
         "median_step_s": median_step_s,
         "median_optimizer_s": statistics.median(r["optimizer_s"] for r in train.values())
         if train
         else math.nan,
+        "train_steps": sorted(train),
+        "train_loss": [train[s]["loss"] for s in sorted(train)],
+        "val_steps": val_steps,
+        "val_loss": val_loss,
+        "val_seconds": [s * median_step_s for s in val_steps],
+        "success_curve": success.to_dict() | {"seconds": [s * median_step_s for s in success.steps]},
+        "final": None
+        if final is None
+        else {
+            "step": success.steps[-1] if success.steps else None,
+            "mean_success": final["mean_success"],
+            "tasks": {
+                t["task"]: {"successes": t["successes"], "episodes": t["episodes"], "ci95": t["ci95"]}
+                for t in final["tasks"]
+            },
+        },
     }
 
 
-def steps_to_reach(curve: dict[str, list[float]], target: float) -> int | None:
-    """The first validation step at which the loss is <= target."""
-    return next((s for s, v in zip(curve["val_steps"], curve["val_loss"]) if v <= target), None)
+def _outcomes(run: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    return {task: (t["successes"], t["episodes"]) for task, t in run["final"]["tasks"].items()}
 
 
-def _cached_evaluation(args: argparse.Namespace, path: Path) -> dict[str, Any] | None:
-    if not path.is_file():
-        return None
-    cached = json.loads(path.read_text())
-    same = cached["seed"] == args.eval_seed and cached["tasks"][0]["episodes"] == args.episodes
-    return cached if same and cached["settings"]["replan_every"] == args.replan_every else None
+def _mean_curve(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float]]:
+    """Pointwise mean over runs on the steps every run has."""
+    common = sorted(set.intersection(*(set(steps) for steps, _ in curves))) if curves else []
+    lookup = [dict(zip(steps, values)) for steps, values in curves]
+    return common, [statistics.fmean(d[s] for d in lookup) for s in common]
 
 
-def closed_loop(args: argparse.Namespace, run_dirs: dict[str, Path]) -> dict[str, dict[str, Any]]:
-    """Closed-loop reports of the runs' exports, evaluated side by side (cached in closed_loop_eval.json)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    pending = {
-        k: d for k, d in run_dirs.items() if _cached_evaluation(args, d / "closed_loop_eval.json") is None
-    }
-    if len(pending) > 1:
-        env.update(OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // len(pending))))
-    processes = []
-    for run_dir in pending.values():
-        command = [
-            sys.executable,
-            str(ROOT / "scripts" / "eval_sim.py"),
-            str(run_dir),
-            f"--episodes={args.episodes}",
-            f"--seed={args.eval_seed}",
-            f"--replan-every={args.replan_every}",
-            f"--json={run_dir / 'closed_loop_eval.json'}",
-            "--videos=1",
-        ]
-        print(f"  {run_dir.name}: closed-loop evaluation ...", flush=True)
-        log = open(run_dir / "eval.log", "w")  # noqa: SIM115 (closed below)
-        processes.append(
-            (run_dir, log, subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+def summarise(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], best: dict[str, float]
+) -> dict[str, Any]:
+    """Per optimizer: seeds, final success spread, per-task means, steps to AdamW's best mean val loss;
+    the DMuon - AdamW difference with its bootstrap interval."""
+    per: dict[str, Any] = {}
+    for optimizer in OPTIMIZERS:
+        names = [run_name(optimizer, best[optimizer], s) for s in args.seeds if optimizer in best]
+        names = [n for n in names if n in runs and runs[n]["final"] is not None]
+        if not names:
+            continue
+        finals = [runs[n]["final"]["mean_success"] for n in names]
+        tasks = sorted(runs[names[0]]["final"]["tasks"])
+        per[optimizer] = {
+            "lr": best[optimizer],
+            "runs": names,
+            "final_success": asdict(seed_spread(finals)),
+            "final_success_per_seed": dict(zip(names, finals)),
+            "tasks": {
+                t: asdict(
+                    seed_spread(
+                        [
+                            runs[n]["final"]["tasks"][t]["successes"]
+                            / runs[n]["final"]["tasks"][t]["episodes"]
+                            for n in names
+                        ]
+                    )
+                )
+                for t in tasks
+            },
+            "median_step_s": statistics.median(runs[n]["median_step_s"] for n in names),
+            "val_mean": _mean_curve([(runs[n]["val_steps"], runs[n]["val_loss"]) for n in names]),
+        }
+    if "adamw" in per:
+        steps, mean = per["adamw"]["val_mean"]
+        if mean:
+            target = min(mean)
+            adamw_steps = steps[mean.index(target)]
+            for entry in list(per.values()):
+                reach = {
+                    n: steps_to_reach(runs[n]["val_steps"], runs[n]["val_loss"], target)
+                    for n in entry["runs"]
+                }
+                entry["steps_to_adamw_best"] = reach
+                reached = [v for v in reach.values() if v is not None]
+                entry["mean_steps_to_adamw_best"] = (
+                    statistics.fmean(reached) if len(reached) == len(reach) else None
+                )
+            per["adamw_best_mean_val_loss"] = {"loss": target, "step": adamw_steps}
+            dmuon = per.get("dmuon", {}).get("mean_steps_to_adamw_best")
+            per["step_ratio"] = dmuon / adamw_steps if dmuon is not None else None
+    if "adamw" in per and "dmuon" in per:
+        difference = success_difference(
+            [_outcomes(runs[n]) for n in per["adamw"]["runs"]],
+            [_outcomes(runs[n]) for n in per["dmuon"]["runs"]],
+            resamples=args.resamples,
         )
-    for run_dir, log, process in processes:
-        returncode = process.wait()
-        log.close()
-        if returncode != 0:
-            raise SystemExit(f"closed-loop evaluation of {run_dir.name} failed; see {run_dir / 'eval.log'}")
-    return {k: json.loads((d / "closed_loop_eval.json").read_text()) for k, d in run_dirs.items()}
+        per["difference"] = asdict(difference)
+    return per
 
 
-def plot_curves(runs: dict[str, dict[str, Any]], best: dict[str, str], path: Path, model: str) -> None:
+def layout_distances(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Per task: how far the evaluation layouts are from the demonstrations of the runs' dataset."""
+    from vla.eval.policy_runner import run_dataset_root
+    from vla.sim.demos import training_seeds
+    from vla.sim.layouts import layout_report
+
+    finals = [r for r in runs.values() if r["final"] is not None]
+    if not finals:
+        return None
+    root = run_dataset_root(Path(finals[0]["dir"]))
+    trained = training_seeds(root) if root is not None else {}
+    episodes = max(t["episodes"] for t in finals[0]["final"]["tasks"].values())
+    seeds = range(args.eval_seed, args.eval_seed + episodes)
+    return {
+        task: layout_report(task, seeds, trained[task])
+        for task in finals[0]["final"]["tasks"]
+        if trained.get(task)
+    }
+
+
+def plot_curves(study: dict[str, Any], path: Path, key: str) -> None:
+    """Mean over seeds and the seeds' range, against step (left) and seconds (right)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    colours = {"adamw": "tab:blue", "dmuon": "tab:red", "muon": "tab:green"}
-    for name, run in runs.items():
-        c = run["curve"]
-        if not c["val_steps"]:
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = {"adamw": "tab:blue", "dmuon": "tab:red"}
+    for optimizer, entry in study["optimizers"].items():
+        if optimizer not in colours:
             continue
-        bold = name in best.values()
-        style = {"color": colours[run["optimizer"]], "alpha": 1.0 if bold else 0.35, "lw": 2 if bold else 1}
-        by_step.plot(c["val_steps"], c["val_loss"], label=name, **style)
-        by_time.plot(c["val_seconds"], c["val_loss"], label=name, **style)
-    for ax, xlabel in ((by_step, "optimizer step"), (by_time, "training seconds (step x median step time)")):
+        series = []
+        for name in entry["runs"]:
+            run = study["runs"][name]
+            if key == "val":
+                series.append((run["val_steps"], run["val_loss"], run["median_step_s"]))
+            else:
+                curve = run["success_curve"]
+                series.append((curve["steps"], curve["mean"], run["median_step_s"]))
+        common = sorted(set.intersection(*(set(s) for s, _, _ in series))) if series else []
+        if not common:
+            continue
+        values = [[dict(zip(s, v))[x] for x in common] for s, v, _ in series]
+        mean = [statistics.fmean(col) for col in zip(*values)]
+        low, high = [min(col) for col in zip(*values)], [max(col) for col in zip(*values)]
+        step_s = statistics.median(m for _, _, m in series)
+        label = f"{optimizer} lr {entry['lr']:g} ({len(series)} seeds)"
+        for ax, x in ((axes[0], common), (axes[1], [c * step_s for c in common])):
+            ax.plot(x, mean, color=colours[optimizer], lw=2, label=label)
+            ax.fill_between(x, low, high, color=colours[optimizer], alpha=0.2)
+    ylabel = "validation loss (flow matching)" if key == "val" else "closed-loop success (mean over tasks)"
+    for ax, xlabel in zip(axes, ("optimizer step", "training seconds (step x median step time)")):
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("validation loss (flow matching)")
-        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    by_step.legend(fontsize=7)
-    fig.suptitle(f"AdamW vs DMuon on MetaWorld ({model}): best run of each in bold")
+        if key == "val":
+            ax.set_yscale("log")
+        else:
+            ax.set_ylim(0, 1)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("AdamW vs DMuon on MetaWorld: mean over training seeds, band = the seeds' range")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def main() -> int:
-    args = parse_args()
+def plot_final(study: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = {k: v for k, v in study["optimizers"].items() if k in OPTIMIZERS}
+    if not entries:
+        return
+    tasks = sorted(next(iter(entries.values()))["tasks"])
+    fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(tasks) + 2), 4))
+    width = 0.8 / len(entries)
+    for i, (optimizer, entry) in enumerate(entries.items()):
+        means = [entry["tasks"][t]["mean"] for t in tasks] + [entry["final_success"]["mean"]]
+        lows = [m - entry["tasks"][t]["min"] for m, t in zip(means, tasks)] + [
+            means[-1] - entry["final_success"]["min"]
+        ]
+        highs = [entry["tasks"][t]["max"] - m for m, t in zip(means, tasks)] + [
+            entry["final_success"]["max"] - means[-1]
+        ]
+        xs = [j + i * width for j in range(len(tasks) + 1)]
+        ax.bar(
+            xs,
+            means,
+            width,
+            yerr=[lows, highs],
+            capsize=3,
+            label=f"{optimizer} ({entry['final_success']['seeds']} seeds)",
+        )
+    ax.set_xticks([j + width * (len(entries) - 1) / 2 for j in range(len(tasks) + 1)])
+    ax.set_xticklabels([t.removesuffix("-v3") for t in tasks] + ["mean"], rotation=15)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("closed-loop success")
+    ax.set_title("final success per task: mean over seeds, bars = the seeds' range")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    adamw_lrs, dmuon_lrs = _lrs(args.adamw_lrs), _lrs(args.dmuon_lrs)
-    # Interleaved (AdamW lr_i next to DMuon lr_i), so runs that share the machine compare like with like.
-    plan = [(o, lr) for pair in zip(adamw_lrs, dmuon_lrs) for o, lr in zip(("adamw", "dmuon"), pair)]
-    plan += [("adamw", lr) for lr in adamw_lrs[len(dmuon_lrs) :]] + [
-        ("dmuon", lr) for lr in dmuon_lrs[len(adamw_lrs) :]
-    ]
+    args.budget = preset_steps(args)
+    first = args.seeds[0]
+    sweep = _interleave(
+        [("adamw", lr, first, None) for lr in args.lrs["adamw"]],
+        [("dmuon", lr, first, None) for lr in args.lrs["dmuon"]],
+    )
     if not args.report:
-        train_all(args, [(o, lr, args.steps) for o, lr in plan])
+        train_all(args, sweep)
     runs: dict[str, dict[str, Any]] = {}
-    for optimizer, lr in plan:
-        run_dir = args.out / "runs" / run_name(optimizer, lr)
+
+    def gather(optimizer: str, lr: float, seed: int, steps: int | None = None) -> None:
+        run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
         if (run_dir / "metrics.jsonl").is_file():
-            runs[run_dir.name] = {
-                "optimizer": optimizer,
-                "lr": lr,
-                "dir": str(run_dir),
-                "curve": curves(run_dir),
-            }
-    best: dict[str, str] = {}
-    for optimizer in ("adamw", "dmuon"):
+            runs[run_dir.name] = {"optimizer": optimizer, "lr": lr, "seed": seed} | collect_run(run_dir)
+
+    for optimizer, lr, seed, _ in sweep:
+        gather(optimizer, lr, seed)
+    best: dict[str, float] = {}
+    for optimizer in OPTIMIZERS:  # the lr with the lowest validation loss at the first seed
         candidates = [
-            n
-            for n, r in runs.items()
-            if r["optimizer"] == optimizer and r["curve"]["val_steps"][-1:] == [args.steps]
+            r for r in runs.values() if r["optimizer"] == optimizer and finished(Path(r["dir"]), args.budget)
         ]
+        candidates = [r for r in candidates if r["val_loss"]]
         if candidates:
-            best[optimizer] = min(candidates, key=lambda n: min(runs[n]["curve"]["val_loss"]))
+            best[optimizer] = min(candidates, key=lambda r: min(r["val_loss"]))["lr"]
+    if len(best) == 2 and not args.report:
+        train_all(
+            args,
+            _interleave(
+                [("adamw", best["adamw"], s, None) for s in args.seeds[1:]],
+                [("dmuon", best["dmuon"], s, None) for s in args.seeds[1:]],
+            ),
+        )
+    for optimizer, lr in best.items():
+        for seed in args.seeds[1:]:
+            gather(optimizer, lr, seed)
     checks: dict[str, str] = {}
     if "dmuon" in best and args.muon_steps:
-        # Naive Muon and a DMuon twin, side by side for --muon-steps steps of the full runs' schedule: the
-        # same update, so the same losses, while naive Muon has every rank do all the work.
-        lr = runs[best["dmuon"]]["lr"]
+        jobs = [
+            ("muon", best["dmuon"], first, args.muon_steps),
+            ("dmuon", best["dmuon"], first, args.muon_steps),
+        ]
         if not args.report:
-            train_all(args, [("muon", lr, args.muon_steps), ("dmuon", lr, args.muon_steps)])
-        for optimizer in ("muon", "dmuon"):
-            run_dir = args.out / "runs" / run_name(optimizer, lr, args.muon_steps)
-            if (run_dir / "metrics.jsonl").is_file():
-                checks[optimizer] = run_dir.name
-                runs[run_dir.name] = {
-                    "optimizer": optimizer,
-                    "lr": lr,
-                    "dir": str(run_dir),
-                    "curve": curves(run_dir),
-                }
-    study: dict[str, Any] = {"settings": vars(args) | {"out": str(args.out)}, "runs": runs, "best": best}
-    if len(best) == 2:
-        adamw, dmuon = runs[best["adamw"]]["curve"], runs[best["dmuon"]]["curve"]
-        target = min(adamw["val_loss"])
-        adamw_steps = adamw["val_steps"][adamw["val_loss"].index(target)]
-        dmuon_steps = steps_to_reach(dmuon, target)
-        study["comparison"] = {
-            "adamw_best_val_loss": target,
-            "adamw_steps_to_best": adamw_steps,
-            "dmuon_best_val_loss": min(dmuon["val_loss"]),
-            "dmuon_steps_to_adamw_best": dmuon_steps,
-            "step_ratio": dmuon_steps / adamw_steps if dmuon_steps else None,
-            "median_step_s": {k: runs[best[k]]["curve"]["median_step_s"] for k in best},
-        }
+            train_all(args, jobs)
+        for optimizer, lr, seed, steps in jobs:
+            gather(optimizer, lr, seed, steps)
+            name = run_name(optimizer, lr, seed, steps)
+            if name in runs:
+                checks[optimizer] = name
+    study: dict[str, Any] = {
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": runs,
+        "best_lr": best,
+        "optimizers": summarise(args, runs, best),
+    }
     if len(checks) == 2:
-        muon, dmuon = runs[checks["muon"]]["curve"], runs[checks["dmuon"]]["curve"]
-        pairs = [(a, b) for s, a in zip(muon["train_steps"], muon["train_loss"]) for t, b in zip(dmuon["train_steps"], dmuon["train_loss"]) if s == t]  # fmt: skip
+        muon, twin = runs[checks["muon"]], runs[checks["dmuon"]]
+        pairs = [
+            (a, b)
+            for s, a in zip(muon["train_steps"], muon["train_loss"])
+            for t, b in zip(twin["train_steps"], twin["train_loss"])
+            if s == t
+        ]
         study["muon_vs_dmuon"] = {
             "steps": len(pairs),
             "max_rel_loss_diff": max(abs(a - b) / abs(b) for a, b in pairs) if pairs else None,
-            "median_step_s": {"muon": muon["median_step_s"], "dmuon": dmuon["median_step_s"]},
+            "median_step_s": {"muon": muon["median_step_s"], "dmuon": twin["median_step_s"]},
         }
-    evaluated = all((Path(runs[n]["dir"]) / "closed_loop_eval.json").is_file() for n in best.values())
-    if best and (not args.report or evaluated):
-        evaluations = closed_loop(args, {k: Path(runs[n]["dir"]) for k, n in best.items()})
-        study["closed_loop"] = evaluations
-        from vla.eval.closed_loop import ClosedLoopReport, ClosedLoopSettings, TaskReport, plot_success
-
-        reports = {
-            f"{k} ({best[k]})": ClosedLoopReport(
-                policy=best[k],
-                seed=e["seed"],
-                settings=ClosedLoopSettings(**e["settings"]),
-                tasks=[TaskReport(**{**t, "ci95": tuple(t["ci95"]), "results": []}) for t in e["tasks"]],
-            )
-            for k, e in evaluations.items()
-        }
-        plot_success(reports, args.out / "success.png", title=f"closed-loop success after {args.steps} steps")
-    plot_curves(runs, best, args.out / "val_loss.png", args.model)
+    study["layouts"] = layout_distances(args, runs)
+    if study["optimizers"]:
+        plot_curves(study, args.out / "val_loss.png", "val")
+        plot_curves(study, args.out / "success_curve.png", "success")
+        plot_final(study, args.out / "success.png")
     study["seconds"] = time.perf_counter() - start
     (args.out / "study.json").write_text(json.dumps(study, indent=1))
-    print_table(study)
+    print_tables(study)
     return 0
 
 
-def print_table(study: dict[str, Any]) -> None:
-    print(f"\n{'run':<22} {'best val loss':>14} {'at step':>8} {'median step s':>14} {'optimizer s':>12}")
+def print_tables(study: dict[str, Any]) -> None:
+    print(f"\n{'run':<30} {'best val loss':>14} {'at step':>8} {'final success':>14} {'median step s':>14}")
     for name, run in study["runs"].items():
-        c = run["curve"]
-        if c["val_loss"]:
-            i = c["val_loss"].index(min(c["val_loss"]))
-            print(
-                f"{name:<22} {c['val_loss'][i]:>14.4f} {c['val_steps'][i]:>8} {c['median_step_s']:>14.3f} "
-                f"{c['median_optimizer_s']:>12.4f}"
-            )
-        else:
-            print(
-                f"{name:<22} {'-':>14} {'-':>8} {c['median_step_s']:>14.3f} {c['median_optimizer_s']:>12.4f}"
-            )
-    if "comparison" in study:
-        c = study["comparison"]
+        best = min(run["val_loss"]) if run["val_loss"] else None
+        at = run["val_steps"][run["val_loss"].index(best)] if best is not None else "-"
+        final = f"{run['final']['mean_success']:.1%}" if run["final"] else "-"
+        best_text = f"{best:.4f}" if best is not None else "-"
+        print(f"{name:<30} {best_text:>14} {at!s:>8} {final:>14} {run['median_step_s']:>14.3f}")
+    per = study["optimizers"]
+    for optimizer in OPTIMIZERS:
+        if optimizer not in per:
+            continue
+        e = per[optimizer]
+        f = e["final_success"]
+        tasks = ", ".join(f"{t.removesuffix('-v3')} {v['mean']:.0%}" for t, v in e["tasks"].items())
         print(
-            f"\nDMuon reaches AdamW's best validation loss {c['adamw_best_val_loss']:.4f} (AdamW: step "
-            f"{c['adamw_steps_to_best']}) at step {c['dmuon_steps_to_adamw_best']}: ratio {c['step_ratio']}"
+            f"\n{optimizer} (lr {e['lr']:g}, {f['seeds']} seeds): final success {f['mean']:.1%} "
+            f"+- {f['std']:.1%} (range {f['min']:.0%}-{f['max']:.0%}); {tasks}"
+        )
+        if e.get("steps_to_adamw_best"):
+            print(f"  steps to AdamW's best mean validation loss: {e['steps_to_adamw_best']}")
+    if per.get("step_ratio") is not None:
+        target = per["adamw_best_mean_val_loss"]
+        print(
+            f"\nDMuon needs {per['step_ratio']:.2f}x AdamW's steps to AdamW's best mean validation loss "
+            f"({target['loss']:.4f} at step {target['step']})"
+        )
+    if "difference" in per:
+        d = per["difference"]
+        print(
+            f"DMuon - AdamW mean success: {d['difference']:+.1%}, 95% interval [{d['ci'][0]:+.1%}, "
+            f"{d['ci'][1]:+.1%}] ({'excludes' if d['excludes_zero'] else 'includes'} zero)"
         )
     if "muon_vs_dmuon" in study:
         m = study["muon_vs_dmuon"]
         print(
-            f"naive Muon vs DMuon over {m['steps']} logged steps: max relative loss difference {m['max_rel_loss_diff']}"
+            f"naive Muon vs DMuon over {m['steps']} steps: max relative loss difference {m['max_rel_loss_diff']}"
         )
-    for optimizer, report in study.get("closed_loop", {}).items():
-        rates = ", ".join(f"{t['task']} {t['success_rate']:.0%}" for t in report["tasks"])
-        print(f"closed loop {optimizer}: mean {report['mean_success']:.0%} ({rates})")
+    for task, layout in (study.get("layouts") or {}).items():
+        near = layout["nearest_training_layout_m"]
+        print(
+            f"layouts {task}: {layout['randomised_dims']} randomised dims, nearest demonstration "
+            f"{near['median'] * 1e3:.1f} mm median, {near['max'] * 1e3:.1f} mm max"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""scripts/study_optimizers.py end to end on a tiny model and recording: runs, reuse, report, plots."""
+"""scripts/study_optimizers.py end to end on a tiny model and recording: sweep, seeds, report, reuse."""
 
 from __future__ import annotations
 
@@ -16,68 +16,85 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import study_optimizers  # noqa: E402
 
 
-def test_steps_to_reach_and_curves(tmp_path) -> None:
+def test_collect_run_reads_curves_and_the_final_evaluation(tmp_path) -> None:
     records = [
         {"step": s, "split": "train", "loss": 1.0 / s, "step_s": t, "optimizer_s": t / 10}
         for s, t in enumerate([9.0, 1.0, 1.0, 3.0], 1)
     ]
     records += [{"step": 2, "split": "val", "loss": 0.5}, {"step": 4, "split": "val", "loss": 0.2}]
     records.append({"step": 4, "split": "val", "loss": 0.25})  # a resumed run re-logs a step: the last wins
+    records.append(
+        {"step": 4, "split": "eval", "success/a": 0.5, "success/mean": 0.5, "train_s": 14.0, "episodes": 2.0}
+    )
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    curve = study_optimizers.curves(tmp_path)
-    assert curve["val_steps"] == [2, 4] and curve["val_loss"] == [0.5, 0.25]
-    assert curve["median_step_s"] == 2.0 and curve["val_seconds"] == [4.0, 8.0]
-    assert curve["median_optimizer_s"] == pytest.approx(0.2)
-    assert study_optimizers.steps_to_reach(curve, 0.3) == 4
-    assert study_optimizers.steps_to_reach(curve, 0.5) == 2
-    assert study_optimizers.steps_to_reach(curve, 0.1) is None
-    # Metrics written before steps were numbered 1..N started at 0: read the same.
-    for r in records:
-        r["step"] -= 1
-    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records))
-    assert study_optimizers.curves(tmp_path)["val_steps"] == [2, 4]
+    final = {"mean_success": 0.5, "tasks": [{"task": "a", "successes": 1, "episodes": 2, "ci95": [0.1, 0.9]}]}
+    (tmp_path / "closed_loop.json").write_text(json.dumps(final))
+    run = study_optimizers.collect_run(tmp_path)
+    assert run["val_steps"] == [2, 4] and run["val_loss"] == [0.5, 0.25]
+    assert run["median_step_s"] == 2.0 and run["val_seconds"] == [4.0, 8.0]
+    assert run["median_optimizer_s"] == pytest.approx(0.2)
+    assert run["success_curve"]["steps"] == [4] and run["success_curve"]["seconds"] == [8.0]
+    assert run["final"]["tasks"] == {"a": {"successes": 1, "episodes": 2, "ci95": [0.1, 0.9]}}
 
 
 @pytest.mark.slow
-def test_study_runs_sweeps_and_reports(tmp_path, sim_dataset) -> None:
+def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     out = tmp_path / "study"
     train_args = [
+        "model=pi0_tiny",
         "+model.overrides.cameras=[corner2,topview]",
         *SIM_DATA_OVERRIDES[1:],
         f"data.root={sim_dataset}",
         "data.num_workers=0",
         "data.val_fraction=0.25",
+        "trainer.batch_size=4",
+        "trainer.warmup_steps=1",
+        "trainer.val_every=2",
+        "trainer.val_batches=1",
+        "trainer.checkpoint_every=2",
+        "trainer.closed_loop.max_episode_steps=10",
+        "trainer.closed_loop.parallel_envs=2",
     ]
-    command = [sys.executable, str(ROOT / "scripts/study_optimizers.py"), f"--out={out}", "--model=pi0_tiny",
-               "--steps=4", "--batch-size=4", "--val-every=2", "--adamw-lrs=1e-3", "--dmuon-lrs=0.01,0.02",
-               "--muon-steps=2", "--episodes=1", "--replan-every=5"]  # fmt: skip
+    command = [sys.executable, str(ROOT / "scripts/study_optimizers.py"), f"--out={out}", "--steps=4",
+               "--seeds=0,1", "--adamw-lrs=1e-3", "--dmuon-lrs=0.01,0.02", "--muon-steps=2", "--eval-every=2",
+               "--curve-episodes=1", "--episodes=2", "--resamples=500"]  # fmt: skip
     command += [f"--train-arg={a}" for a in train_args]
-    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     study = json.loads((out / "study.json").read_text())
-    best_lr = study["runs"][study["best"]["dmuon"]]["lr"]
-    assert set(study["runs"]) == {
-        "adamw_lr0.001",
-        "dmuon_lr0.01",
-        "dmuon_lr0.02",
-        f"muon_lr{best_lr:g}_2steps",  # naive Muon and its DMuon twin, 2 steps of the 4-step schedule
-        f"dmuon_lr{best_lr:g}_2steps",
+    runs = study["runs"]
+    sweep = {n: r for n, r in runs.items() if n.startswith("dmuon") and n.endswith("seed0")}
+    best_dmuon = min(sweep.values(), key=lambda r: min(r["val_loss"]))["lr"]  # chosen on validation loss
+    assert study["best_lr"] == {"adamw": 1e-3, "dmuon": best_dmuon}
+    assert set(runs) == {
+        "adamw_lr0.001_seed0", "dmuon_lr0.01_seed0", "dmuon_lr0.02_seed0", "adamw_lr0.001_seed1",
+        f"dmuon_lr{best_dmuon:g}_seed1", f"muon_lr{best_dmuon:g}_seed0_2steps", f"dmuon_lr{best_dmuon:g}_seed0_2steps",
+    }  # fmt: skip
+    for name, run in runs.items():
+        if "steps" not in name.rsplit("_", 1)[-1]:
+            assert run["success_curve"]["steps"] == [2, 4] and run["success_curve"]["episodes"] == [1, 2]
+            assert all(t["episodes"] == 2 for t in run["final"]["tasks"].values())
+    # seeds 0 and 1 differ in initial weights and data order: other losses
+    assert runs["adamw_lr0.001_seed0"]["train_loss"] != runs["adamw_lr0.001_seed1"]["train_loss"]
+    per = study["optimizers"]
+    assert per["adamw"]["runs"] == ["adamw_lr0.001_seed0", "adamw_lr0.001_seed1"]
+    assert per["adamw"]["final_success"]["seeds"] == 2 and set(per["dmuon"]["tasks"]) == {
+        "reach-v3",
+        "button-press-topdown-v3",
     }
-    assert study["best"]["adamw"] == "adamw_lr0.001" and study["best"]["dmuon"] in (
-        "dmuon_lr0.01",
-        "dmuon_lr0.02",
-    )
-    assert study["runs"]["adamw_lr0.001"]["curve"]["val_steps"] == [2, 4]
-    # Naive Muon is the same update as DMuon: the same losses at the same steps (Gram vs standard NS only).
+    assert set(per["adamw"]["steps_to_adamw_best"]) == set(per["adamw"]["runs"])
+    difference = per["difference"]
+    assert -1 <= difference["ci"][0] <= difference["difference"] <= difference["ci"][1] <= 1
+    # naive Muon is the same update as DMuon: the same losses (Gram vs standard NS only), on the first
+    # steps of the full runs' schedule
     assert study["muon_vs_dmuon"]["steps"] == 2 and study["muon_vs_dmuon"]["max_rel_loss_diff"] < 1e-4
-    twin = study["runs"][f"dmuon_lr{best_lr:g}_2steps"]["curve"]["train_loss"]
-    assert (
-        twin == study["runs"][f"dmuon_lr{best_lr:g}"]["curve"]["train_loss"][:2]
-    )  # the full run's first steps
-    assert set(study["closed_loop"]) == {"adamw", "dmuon"}
-    assert all(t["episodes"] == 1 for t in study["closed_loop"]["adamw"]["tasks"])
-    assert (out / "val_loss.png").stat().st_size > 1000 and (out / "success.png").stat().st_size > 1000
-    # A second call reuses every finished run and evaluation.
+    twin = runs[f"dmuon_lr{best_dmuon:g}_seed0_2steps"]["train_loss"]
+    assert twin == runs[f"dmuon_lr{best_dmuon:g}_seed0"]["train_loss"][:2]
+    assert set(study["layouts"]) == {"reach-v3", "button-press-topdown-v3"}
+    for plot in ("val_loss.png", "success_curve.png", "success.png"):
+        assert (out / plot).stat().st_size > 1000
+    assert "DMuon - AdamW mean success" in first.stdout
+    # A second call reuses every finished run.
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 5
-    assert "closed-loop evaluation" not in second.stdout
+    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 7
+    assert "training ..." not in second.stdout
