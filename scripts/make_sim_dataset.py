@@ -1,4 +1,4 @@
-"""Record scripted-expert MetaWorld demonstrations as a LeRobot v3.0 dataset (AV1 video).
+"""Record scripted-expert MetaWorld demonstrations as a LeRobot v3.0 dataset (H.264 video).
 
     python scripts/make_sim_dataset.py --tasks reach-v3,push-v3 --episodes 50 --resolution 128 \
         --root data/metaworld --seed 0 [--cameras corner2] [--overwrite]
@@ -18,24 +18,39 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vla.data.errors import DatasetError
-from vla.sim import DEFAULT_TASKS, DemoConfig, SimError, generate_sim_dataset
+from vla.sim import DemoConfig, SimError, generate_sim_dataset
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tasks", default=",".join(DEFAULT_TASKS), help="comma-separated MetaWorld v3 tasks")
-    parser.add_argument("--episodes", type=int, default=50, help="successful episodes per task")
-    parser.add_argument("--resolution", type=int, default=64, help="square camera images, pixels")
-    parser.add_argument("--cameras", default="corner2", help="comma-separated MetaWorld cameras")
+    defaults = DemoConfig()  # data=metaworld's settings
+    parser.add_argument(
+        "--tasks", default=",".join(defaults.tasks), help="comma-separated MetaWorld v3 tasks"
+    )
+    parser.add_argument(
+        "--episodes", type=int, default=defaults.episodes, help="successful episodes per task"
+    )
+    parser.add_argument(
+        "--resolution", type=int, default=defaults.resolution, help="square camera images, pixels"
+    )
+    parser.add_argument(
+        "--cameras", default=",".join(defaults.cameras), help="comma-separated MetaWorld cameras"
+    )
     parser.add_argument("--root", type=Path, default=Path("data/metaworld"), help="dataset folder to create")
-    parser.add_argument("--seed", type=int, default=0, help="first expert seed of every task")
-    parser.add_argument("--max-episode-steps", type=int, default=200, help="an expert episode's step cap")
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="first expert seed of every task")
+    parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=defaults.max_episode_steps,
+        help="an expert episode's step cap",
+    )
     parser.add_argument(
         "--max-attempts", type=int, default=None, help="seeds tried per task (default 2 x episodes)"
     )
-    parser.add_argument("--codec", choices=["av1", "h264"], default="av1")
+    parser.add_argument("--codec", choices=["av1", "h264"], default=defaults.codec)
+    parser.add_argument("--crf", type=int, default=defaults.crf, help="video quality (lower: better, bigger)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --root")
     return parser.parse_args()
 
@@ -52,6 +67,7 @@ def main() -> int:
             max_episode_steps=args.max_episode_steps,
             max_attempts=args.max_attempts,
             codec=args.codec,
+            crf=args.crf,
         )
         start = time.perf_counter()
         columns = (

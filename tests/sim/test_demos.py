@@ -36,7 +36,9 @@ def test_frames_replay_the_recorded_seed(sim_dataset) -> None:
         np.testing.assert_allclose(item["observation.state"].numpy(), obs["observation.state"], atol=1e-6)
         np.testing.assert_allclose(item["action"].numpy(), env.expert_action(), atol=1e-6)
         decoded = (item["observation.images.corner2"].permute(1, 2, 0).numpy() * 255).astype(np.float32)
-        assert np.abs(decoded - obs["observation.images.corner2"]).mean() < 12  # AV1 is lossy
+        assert (
+            np.abs(decoded - obs["observation.images.corner2"]).mean() < 8
+        )  # H.264 at crf 18 is lossy (mean error ~4 levels)
 
 
 def test_other_settings_are_never_overwritten(sim_dataset) -> None:

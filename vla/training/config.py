@@ -202,7 +202,8 @@ class MetaWorldDataConfig:
     cameras: list[str] = field(default_factory=lambda: ["corner2", "topview"])
     seed: int = 0
     max_episode_steps: int = 200
-    codec: str = "av1"
+    codec: str = "h264"  # vla.sim.demos.DemoConfig says why not AV1, and why crf 18
+    crf: int = 18
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.metaworld.")
@@ -211,6 +212,8 @@ class MetaWorldDataConfig:
         _positive("data.metaworld.resolution", self.resolution)
         _positive("data.metaworld.max_episode_steps", self.max_episode_steps)
         _positive("data.metaworld.seed", self.seed, allow_zero=True)
+        if not 0 <= self.crf <= 51:
+            raise ValueError(f"data.metaworld.crf must be in [0, 51] (lower: better quality), got {self.crf}")
         if not self.tasks:
             raise ValueError(
                 "data.metaworld.tasks is empty; list MetaWorld tasks such as [reach-v3, push-v3]"

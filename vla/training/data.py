@@ -32,6 +32,7 @@ def demo_config(cfg: DataConfig) -> Any:
         seed=m.seed,
         max_episode_steps=m.max_episode_steps,
         codec=m.codec,
+        crf=m.crf,
     )
 
 
