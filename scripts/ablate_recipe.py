@@ -1,7 +1,7 @@
 """Ablations of the MetaWorld recipe (experiment=metaworld): one lever changed per row, success with intervals.
 
     python scripts/ablate_recipe.py --out outputs/ablations                      # every variant
-    python scripts/ablate_recipe.py --out outputs/ablations --variants recipe,no_augmentation
+    python scripts/ablate_recipe.py --out outputs/ablations --variants recipe,shift_augmentation
     python scripts/ablate_recipe.py --out outputs/ablations --report             # table from finished runs
 
 Each variant is `train.py experiment=metaworld` plus its overrides (VARIANTS below: augmentation,
@@ -38,8 +38,8 @@ from vla.eval.closed_loop import wilson_interval  # noqa: E402
 # name -> (what it changes, train.py overrides on top of experiment=metaworld)
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("experiment=metaworld as documented", []),
-    "no_augmentation": ("no image augmentation", ["data.image_transforms.enable=false"]),
-    "openpi_augmentation": ("openpi's augmentation instead of shifts", ["image_transforms=openpi"]),
+    "shift_augmentation": ("random shifts (4 px) + colour jitter", ["image_transforms=shift"]),
+    "openpi_augmentation": ("openpi's crop, rotation and colour jitter", ["image_transforms=openpi"]),
     "ema": ("EMA of the weights (0.999), evaluated with it", ["trainer.ema_decay=0.999"]),
     "steps_4000": ("twice the steps", ["trainer.steps=4000"]),
     "patch_8": ("8-px patches (64 tokens per camera)", ["model.overrides={vision: {patch_size: 8}}"]),
