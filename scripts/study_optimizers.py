@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dmuon-adamw-lr", type=float, default=None, help="DMuon's AdamW side (default: preset's)"
     )
     parser.add_argument("--muon-steps", type=int, default=30, help="naive Muon check steps (0: skip)")
-    parser.add_argument("--eval-every", type=int, default=250, help="closed-loop evaluation interval (steps)")
+    parser.add_argument("--eval-every", type=int, default=500, help="closed-loop evaluation interval (steps)")
     parser.add_argument("--curve-episodes", type=int, default=20, help="episodes per task at each interval")
     parser.add_argument("--episodes", type=int, default=50, help="episodes per task at the final step")
     parser.add_argument("--eval-seed", type=int, default=1000, help="first evaluation seed")

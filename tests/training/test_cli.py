@@ -15,7 +15,12 @@ from vla.training.config import TrainConfig
 
 
 def test_dict_fields_are_found_in_the_schema() -> None:
-    assert cli.dict_field_paths(TrainConfig) == ["model.overrides", "data.camera_map", "data.norm_modes"]
+    assert cli.dict_field_paths(TrainConfig) == [
+        "model.overrides",
+        "data.camera_map",
+        "data.norm_modes",
+        "data.image_transforms.tfs",
+    ]
 
 
 def test_the_first_failing_rank_reports_and_the_others_stay_quiet(monkeypatch, tmp_path, capsys) -> None:
