@@ -16,7 +16,7 @@ import hydra
 from omegaconf import DictConfig
 
 from vla.training.cli import main as train_main
-from vla.training.config import register_configs
+from vla.training.cli import register_configs
 from vla.training.guards import EXIT_FINISHED
 
 register_configs()

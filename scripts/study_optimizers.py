@@ -119,7 +119,7 @@ def preset_steps(args: argparse.Namespace) -> int:
     """The step budget of the runs: --steps, else the experiment preset's trainer.steps."""
     if args.steps is not None:
         return args.steps
-    from vla.training.config import compose
+    from vla.training.cli import compose
 
     return compose([f"experiment={args.experiment}", *args.train_arg]).trainer.steps
 

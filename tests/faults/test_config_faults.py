@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from vla.training import config as config_module
+from vla.training.cli import compose
 from vla.training.config import TrainConfig, validate
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -54,7 +55,7 @@ def _expect(overrides_and_keys: list[tuple[list[str], str]]) -> list[str]:
     failures = []
     for overrides, key in overrides_and_keys:
         try:
-            config_module.compose(overrides)  # as train.py composes (Hydra's output dir, dict overrides)
+            compose(overrides)  # as train.py composes (Hydra's output dir, dict overrides)
         except ValueError as exc:
             if key not in str(exc):
                 failures.append(f"{overrides}: error does not name {key}: {exc}")

@@ -14,7 +14,7 @@ import ablate_recipe  # noqa: E402
 
 
 def test_every_variant_composes_over_the_recipe() -> None:
-    from vla.training.config import compose_many
+    from vla.training.cli import compose_many
 
     configs = compose_many([["experiment=metaworld", *o] for _, o in ablate_recipe.VARIANTS.values()])
     by_name = dict(zip(ablate_recipe.VARIANTS, configs))

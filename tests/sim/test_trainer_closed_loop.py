@@ -68,8 +68,8 @@ def test_run_reports_closed_loop_success(tmp_path, sim_dataset, monkeypatch) -> 
 
 
 def test_training_seeds_are_refused(tmp_path, sim_dataset) -> None:
+    from vla.training.cli import compose
     from vla.training.closed_loop import closed_loop_evaluation
-    from vla.training.config import compose
 
     cfg = compose([*TINY_SIM, f"data.root={sim_dataset}", "trainer.closed_loop.seed=4"])
     with pytest.raises(ValueError, match=r"seeds \[5\] of reach-v3 are training demonstrations.*seed >= 7"):

@@ -34,7 +34,7 @@ def run_in_process(overrides: list[str]):
     """Compose and fit in this process (Accelerate's singleton state is reset first)."""
     from accelerate.state import AcceleratorState
 
-    from vla.training.config import compose
+    from vla.training.cli import compose
     from vla.training.loop import Trainer
 
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from _trainer_runs import run_in_process, tiny_overrides
 
-from vla.training.config import compose, compose_many, validate
+from vla.training.cli import compose, compose_many
+from vla.training.config import validate
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

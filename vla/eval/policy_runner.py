@@ -109,9 +109,9 @@ def load_exported_policy(path: Path | str) -> nn.Module:
     Reads both export layouts: LeRobot's pi0 names (exports since the LeRobot-compatible export) and our own
     parameter names (older exports, and OpenVLA-style exports), detected from the keys.
     """
+    from vla.eval.exported import read_safetensors_metadata
     from vla.models import build_policy
     from vla.models.weights import load_weights
-    from vla.training.checkpoint import read_safetensors_metadata
 
     path = Path(path)
     if not path.is_file():

@@ -53,7 +53,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.distributed.checkpoint.api import CheckpointException
@@ -65,6 +64,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.optim import Optimizer
+
+from vla.eval.exported import read_safetensors_metadata  # re-exported: callers import it from here too
 
 __all__ = [
     "CheckpointError",
@@ -936,12 +937,6 @@ def _write_safetensors(state: Mapping[str, Tensor], path: Path, header: dict[str
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)
-
-
-def read_safetensors_metadata(path: Path | str) -> dict[str, str]:
-    """The header metadata of an exported file (e.g. json.loads(meta["policy_config"]))."""
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
 
 
 def load_safetensors_into(model: nn.Module, path: Path | str, *, strict: bool = True) -> None:

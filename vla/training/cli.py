@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from vla.training.config import TrainConfig, to_train_config
+
 
 def dict_field_paths(schema: type, prefix: str = "") -> list[str]:
     """Dotted paths of every dict-valued field of a dataclass schema (nested dataclasses included)."""
@@ -186,7 +188,6 @@ def main(cfg: Any) -> int:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from vla.training.config import TrainConfig, to_train_config
     from vla.training.guards import EXIT_FINISHED, EXIT_STOPPED, StopRequested
     from vla.training.loop import run
 
@@ -217,11 +218,50 @@ def main(cfg: Any) -> int:
 __all__ = [
     "LaunchError",
     "check_launch",
+    "compose",
+    "compose_many",
     "dict_field_paths",
     "main",
+    "register_configs",
     "remove_if_empty",
     "replace_dict_overrides",
     "report_once",
     "resolve_run_dir",
     "schema_node",
 ]
+
+
+# -- composing the schema (train.py, tests, scripts) -------------------------------------------
+CONFIG_DIR = "configs"
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent); its dict-valued fields take new keys
+    (see vla.training.cli)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="train_schema", node=schema_node(TrainConfig))
+
+
+def compose(overrides: list[str] | None = None, config_dir: str | None = None) -> TrainConfig:
+    """Compose configs/config.yaml with command-line style overrides (for tests and scripts)."""
+    return compose_many([list(overrides or [])], config_dir)[0]
+
+
+def compose_many(override_sets: list[list[str]], config_dir: str | None = None) -> list[TrainConfig]:
+    """Several compositions under one Hydra initialisation (initialising costs more than composing)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    directory = Path(config_dir) if config_dir else Path(__file__).resolve().parents[2] / CONFIG_DIR
+    GlobalHydra.instance().clear()
+    configs = []
+    with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
+        for overrides in override_sets:
+            cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+            resolve_run_dir(cfg)  # output_dir as a run of train.py would get it (no directory is made)
+            replace_dict_overrides(cfg, overrides, TrainConfig)
+            configs.append(to_train_config(cfg))
+    return configs

@@ -424,19 +424,6 @@ def validate(cfg: TrainConfig, world_size: int) -> None:
         )
 
 
-CONFIG_DIR = "configs"
-
-
-def register_configs() -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent); its dict-valued fields take new keys
-    (see vla.training.cli)."""
-    from hydra.core.config_store import ConfigStore
-
-    from vla.training.cli import schema_node
-
-    ConfigStore.instance().store(name="train_schema", node=schema_node(TrainConfig))
-
-
 def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
     """Keys added with Hydra's `+key=value` slip past the typed schema; name them and the known ones."""
     import dataclasses
@@ -469,31 +456,3 @@ def to_train_config(cfg: Any) -> TrainConfig:
             + " ".join(f"{key}=..." for key in missing)
         )
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
-
-
-def compose(overrides: list[str] | None = None, config_dir: str | None = None) -> TrainConfig:
-    """Compose configs/config.yaml with command-line style overrides (for tests and scripts)."""
-    return compose_many([list(overrides or [])], config_dir)[0]
-
-
-def compose_many(override_sets: list[list[str]], config_dir: str | None = None) -> list[TrainConfig]:
-    """Several compositions under one Hydra initialisation (initialising costs more than composing)."""
-    from pathlib import Path
-
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from vla.training.cli import replace_dict_overrides, resolve_run_dir
-
-    register_configs()
-    directory = Path(config_dir) if config_dir else Path(__file__).resolve().parents[2] / CONFIG_DIR
-    GlobalHydra.instance().clear()
-    configs = []
-    with initialize_config_dir(config_dir=str(directory.resolve()), version_base=None):
-        for overrides in override_sets:
-            cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
-            resolve_run_dir(cfg)  # output_dir as a run of train.py would get it (no directory is made)
-            replace_dict_overrides(cfg, overrides, TrainConfig)
-            configs.append(to_train_config(cfg))
-    return configs
