@@ -55,6 +55,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "100 demonstrations per task",
         ["data.metaworld.episodes=100", "data.root=data/metaworld_100"],
     ),
+    "no_state": (
+        "no proprioception (state zeroed): the goal must be read from the images",
+        ["data.state_key=null"],
+    ),
     "horizon_8": ("8-step action chunks", ["model.overrides={action_horizon: 8}"]),
     "horizon_32": ("32-step action chunks", ["model.overrides={action_horizon: 32}"]),
 }

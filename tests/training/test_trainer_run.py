@@ -109,6 +109,31 @@ def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim
         assert losses(plain)[0] != losses(straight)[0]
 
 
+def test_resume_with_a_longer_schedule_trains_every_step_on_the_new_one(synthetic_dataset, tmp_path) -> None:
+    # A 4-step run resumed to 8 steps must match an uninterrupted 8-step run step for step: the first
+    # resumed step too, although the restored optimizer carries the 4-step schedule's last lr. With 3
+    # warmup steps both schedules agree on steps 1-4 (warmup, then the cosine's start), so the weights
+    # must come out equal as well.
+    common = ["trainer.checkpoint_every=4", "trainer.val_every=100", "trainer.log_every=1"]
+    common += ["trainer.warmup_steps=3"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_in_process(tiny_overrides(synthetic_dataset, straight, "trainer.steps=8", *common))
+    run_in_process(tiny_overrides(synthetic_dataset, resumed, "trainer.steps=4", *common))
+    short_lrs = [r["lr"] for r in metrics(resumed)]
+    run_in_process(
+        tiny_overrides(synthetic_dataset, resumed, "trainer.steps=8", "trainer.resume=auto", *common)
+    )
+    straight_lrs = [r["lr"] for r in metrics(straight)]
+    assert short_lrs == straight_lrs[:4]
+    assert [r["lr"] for r in metrics(resumed)] == straight_lrs
+    assert [r["adamw_lr"] for r in metrics(resumed)] == [r["adamw_lr"] for r in metrics(straight)]
+    assert losses(resumed) == losses(straight)
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(straight / "policy.safetensors")), load_file(str(resumed / "policy.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, monkeypatch) -> None:
     from vla.models.pi0 import Pi0Policy
 

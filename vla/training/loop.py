@@ -37,7 +37,7 @@ from vla.training.guards import (
     start_launcher_watchdog,
 )
 from vla.training.noise import flow_matching_inputs
-from vla.training.optim import build_optimizer, build_scheduler, effective_warmup
+from vla.training.optim import apply_schedule_at, build_optimizer, build_scheduler, effective_warmup
 from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.resume import check_resume, dataset_fingerprint, flatten, truncate_metrics
 from vla.training.runlock import acquire_run_lock
@@ -228,6 +228,7 @@ class Trainer:
         for note in check_resume(self.cfg, state, path, self.output_dir, self.data.meta.root):
             self.tracker.print(note)
         self.step = int(state["step"])
+        apply_schedule_at(self.scheduler)
         if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step)):
             self.tracker.print(
                 f"metrics.jsonl: dropped {dropped} record(s) of steps after {self.step} (re-run now)"

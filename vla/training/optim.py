@@ -96,3 +96,19 @@ def build_scheduler(
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Scales every group's lr (Muon's and AdamW's alike) by `lr_multiplier`."""
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_multiplier(step, cfg))
+
+
+def apply_schedule_at(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """Set every group's lr to what the live schedule gives at the scheduler's current step.
+
+    A restored optimizer carries the lrs of the schedule it was saved under; when the run resumes under
+    a reshaped schedule (a longer trainer.steps moves where the decay ends), the next step must already
+    train at the new schedule's lr, not at the old one's (LambdaLR only rewrites lrs in `step()`, after
+    the first resumed optimizer step).
+    """
+    step = scheduler.last_epoch
+    for group, base, multiplier in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group["lr"] = base * multiplier(step)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]
