@@ -127,6 +127,26 @@ def test_resume_refuses_trajectory_changes_and_other_data_and_keeps_metrics_uniq
     assert [r["step"] for r in metrics(out)] == list(range(1, 7))
 
 
+def test_a_resume_with_another_model_lists_the_change_before_loading(synthetic_dataset, tmp_path) -> None:
+    # Other shapes would fail inside DCP ("size mismatch"); the saved config is compared first.
+    out = tmp_path / "run"
+    common = ["trainer.checkpoint_every=2", "trainer.val_every=100"]
+    run_in_process(tiny_overrides(synthetic_dataset, out, "trainer.steps=2", *common))
+    files_before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(ResumeMismatchError) as info:
+        run_in_process(
+            tiny_overrides(
+                synthetic_dataset, out, "trainer.steps=4", "trainer.resume=auto",
+                "model.overrides={vision: {patch_size: 4}}", *common,
+            )
+        )  # fmt: skip
+    message = str(info.value)
+    assert "model.overrides: {} -> {'vision': {'patch_size': 4}}" in message, message
+    assert "size mismatch" not in message and "another output_dir" in message
+    assert [r["step"] for r in metrics(out)] == [1, 2]
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == files_before  # no stray TensorBoard file
+
+
 def _poison(monkeypatch, method: str, when) -> None:
     import torch
 

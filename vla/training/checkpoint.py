@@ -692,6 +692,27 @@ class CheckpointManager:
 
     # -- load -----------------------------------------------------------------------------------------
 
+    def read_trainer_state(self, path: Path | str) -> dict[str, Any]:
+        """The `trainer_state` saved with the checkpoint at `path` (its config, step, data position),
+        read without touching the model: what a resume checks before anything heavy is loaded.
+        Raises DamagedCheckpointError when trainer.pt is missing or unreadable."""
+        path = Path(path)
+        file = path / TRAINER_FILE
+        try:
+            # Pickled by save() (trainer_state may hold any picklable object): trusted input only.
+            payload = torch.load(file, map_location="cpu", weights_only=False)
+            state = dict(payload["trainer_state"])
+        except FileNotFoundError:
+            raise DamagedCheckpointError(f"checkpoint {path} is damaged: {file} is missing", path, file) from None
+        except Exception as exc:
+            raise DamagedCheckpointError(
+                f"checkpoint {path} is damaged: {file} cannot be read ({_describe(exc)})", path, file
+            ) from exc
+        manifest = _read_manifest(path)
+        if manifest is not None:
+            state.setdefault("step", manifest.get("step"))
+        return state
+
     def load(
         self,
         path: Path | str,

@@ -222,11 +222,14 @@ class Trainer:
         extra = {"ema": self.ema.state_dict()} if self.ema else None
         for skipped, reason in self.checkpoints.skipped:
             self.tracker.print(f"resume=auto skipped {skipped.name}: {reason}")
+        # The saved config is compared before the checkpoint is loaded: a changed model would otherwise
+        # surface as DCP's size-mismatch error instead of the list of changed keys.
+        saved_state = self.checkpoints.read_trainer_state(path)
+        for note in check_resume(self.cfg, saved_state, path, self.output_dir, self.data.meta.root):
+            self.tracker.print(note)
         state = self.checkpoints.load(
             path, unwrap(self.model), _inner(self.optimizer), scheduler=self.scheduler, extra_state=extra
         )
-        for note in check_resume(self.cfg, state, path, self.output_dir, self.data.meta.root):
-            self.tracker.print(note)
         self.step = int(state["step"])
         apply_schedule_at(self.scheduler)
         if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step)):

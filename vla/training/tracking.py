@@ -52,20 +52,23 @@ class Tracker:
             return
         output_dir.mkdir(parents=True, exist_ok=True)
         self._file = self.metrics_path.open("a", buffering=1)
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(log_dir=str(output_dir / "tb"))
+        # TensorBoard and wandb open at the first record, not here: a run refused while it starts (a
+        # resume with other settings) must leave the directory as it found it.
+        self._tb_dir = output_dir / "tb" if tensorboard else None
+        self._wandb_init: dict[str, Any] | None = None
         if wandb:
             try:
-                import wandb as wandb_module
+                import wandb as wandb_module  # noqa: F401 (checked now, initialised at the first record)
             except ImportError as exc:
                 raise ValueError(
                     "trainer.wandb=true needs `pip install wandb` (or set trainer.wandb=false)"
                 ) from exc
-            self._wandb = wandb_module.init(
-                project=wandb_project, name=run_name, config=config, dir=str(output_dir)
-            )
+            self._wandb_init = {
+                "project": wandb_project,
+                "name": run_name,
+                "config": config,
+                "dir": str(output_dir),
+            }
         if progress_bar and self.console.is_terminal:
             self._progress = Progress(
                 TextColumn("[bold]train"),
@@ -84,6 +87,7 @@ class Tracker:
             return
         record = {"step": step, "split": prefix, "time": time.time(), **metrics}
         assert self._file is not None
+        self._open_writers()
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
@@ -98,6 +102,18 @@ class Tracker:
                 self.console.print(f"step {step}: {status}", highlight=False, markup=False)
         else:
             self.print(f"[{prefix}] step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
+
+    def _open_writers(self) -> None:
+        if self._tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self._tb_dir))
+            self._tb_dir = None
+        if self._wandb_init is not None:
+            import wandb as wandb_module
+
+            self._wandb = wandb_module.init(**self._wandb_init)
+            self._wandb_init = None
 
     def print(self, text: str) -> None:
         if self.enabled:
