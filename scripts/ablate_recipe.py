@@ -114,8 +114,8 @@ def launch(args: argparse.Namespace, name: str) -> subprocess.Popen | None:
         *VARIANTS[name][1],
         *args.train_arg,
     ]
-    if (run_dir / "checkpoints").is_dir():
-        overrides.append("trainer.resume=auto")
+    # auto: continues an interrupted run, and starts a new dir (or one stopped before its first checkpoint) afresh
+    overrides.append("trainer.resume=auto")
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"  {name}: training ...", flush=True)
     log = open(run_dir / "train.log", "a")  # noqa: SIM115 (closed after wait)

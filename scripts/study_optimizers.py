@@ -150,8 +150,8 @@ def train_overrides(
         ]
     if optimizer != "adamw" and args.dmuon_adamw_lr is not None:
         overrides.append(f"optim.adamw_lr={args.dmuon_adamw_lr}")
-    if (run_dir / "checkpoints").is_dir():
-        overrides.append("trainer.resume=auto")
+    # auto: continues an interrupted run, and starts a new dir (or one stopped before its first checkpoint) afresh
+    overrides.append("trainer.resume=auto")
     return [*overrides, *args.train_arg]
 
 

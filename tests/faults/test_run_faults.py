@@ -19,6 +19,7 @@ from _trainer_runs import losses, metrics, run_in_process, summary, tiny_overrid
 
 from vla.training.guards import NonFiniteMetricError
 from vla.training.resume import ResumeMismatchError
+from vla.training.rundir import RunDirectoryError
 from vla.training.runlock import LOCK_FILE, RunLock, RunLockError
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -125,6 +126,41 @@ def test_resume_refuses_trajectory_changes_and_other_data_and_keeps_metrics_uniq
     assert "trainer.steps: 4 -> 6; applied: the cosine schedule now ends at step 6" in printed
     assert "dropped 4 record(s) of steps after 2" in printed  # train 3, 4 and the final val + eval
     assert [r["step"] for r in metrics(out)] == list(range(1, 7))
+
+
+def test_a_fresh_run_never_overwrites_an_earlier_one(synthetic_dataset, tmp_path) -> None:
+    out = tmp_path / "run"
+    common = ["trainer.checkpoint_every=2", "trainer.val_every=100"]
+    run_in_process(tiny_overrides(synthetic_dataset, out, "trainer.steps=2", *common))
+    files_before = {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    with pytest.raises(RunDirectoryError, match=r"already holds a run \(checkpoints, policy\.safetensors"):
+        run_in_process(tiny_overrides(synthetic_dataset, out, "trainer.steps=3", *common))
+    after = {p.relative_to(out): p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    assert after == files_before  # refused before anything was written (no metrics line, no tb file)
+
+    # trainer.overwrite=true keeps the earlier run, moved aside whole.
+    result = run_in_process(
+        tiny_overrides(synthetic_dataset, out, "trainer.steps=3", "trainer.overwrite=true", *common)
+    )
+    assert result.steps == 3 and [r["step"] for r in metrics(out)] == [1, 2, 3]
+    (aside,) = tmp_path.glob("run.replaced-*")
+    assert [r["step"] for r in metrics(aside)] == [1, 2]
+    assert (aside / "checkpoints" / "step_00000002").is_dir() and (aside / "policy.safetensors").is_file()
+
+    # A run killed before its first checkpoint left records of steps 1-2 (as a kill -9 does);
+    # restarted with resume=auto it starts over, and each step is recorded once.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "split": "train", "loss": 9.0}) + "\n" for s in (1, 2))
+        + '{"step": 3, "spl'
+    )
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset, fresh, "trainer.steps=3", "trainer.checkpoint_every=5", "trainer.resume=auto"
+        )
+    )
+    assert [r["step"] for r in metrics(fresh)] == [1, 2, 3] and 9.0 not in losses(fresh)
 
 
 def test_a_resume_with_another_model_lists_the_change_before_loading(synthetic_dataset, tmp_path) -> None:

@@ -703,7 +703,9 @@ class CheckpointManager:
             payload = torch.load(file, map_location="cpu", weights_only=False)
             state = dict(payload["trainer_state"])
         except FileNotFoundError:
-            raise DamagedCheckpointError(f"checkpoint {path} is damaged: {file} is missing", path, file) from None
+            raise DamagedCheckpointError(
+                f"checkpoint {path} is damaged: {file} is missing", path, file
+            ) from None
         except Exception as exc:
             raise DamagedCheckpointError(
                 f"checkpoint {path} is damaged: {file} cannot be read ({_describe(exc)})", path, file

@@ -325,6 +325,9 @@ class TrainerConfig:
     checkpoint_every: int = 50
     keep_last: int = 2
     resume: str = "none"
+    overwrite: bool = (
+        False  # a fresh run into a dir holding another run moves that run aside (vla.training.rundir)
+    )
     export_safetensors: bool = True
     nan_policy: str = "stop"
     max_skipped_steps: int = 0

@@ -40,6 +40,7 @@ from vla.training.noise import flow_matching_inputs
 from vla.training.optim import apply_schedule_at, build_optimizer, build_scheduler, effective_warmup
 from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
 from vla.training.resume import check_resume, dataset_fingerprint, flatten, truncate_metrics
+from vla.training.rundir import claim_run_directory_collective
 from vla.training.runlock import acquire_run_lock
 from vla.training.tracking import Tracker
 
@@ -218,6 +219,13 @@ class Trainer:
     def maybe_resume(self) -> Path | None:
         path = self.checkpoints.resolve(self.cfg.trainer.resume)
         if path is None:
+            # resume=auto without a checkpoint (a run stopped before its first one) starts over: the
+            # records of its earlier attempt go, so every step is recorded once.
+            if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, 0)):
+                self.tracker.print(
+                    f"metrics.jsonl: dropped {dropped} record(s) of an attempt with no checkpoint"
+                )
+            self.tracker.purge_step = 1
             return None
         extra = {"ema": self.ema.state_dict()} if self.ema else None
         for skipped, reason in self.checkpoints.skipped:
@@ -231,6 +239,7 @@ class Trainer:
             path, unwrap(self.model), _inner(self.optimizer), scheduler=self.scheduler, extra_state=extra
         )
         self.step = int(state["step"])
+        self.tracker.purge_step = self.step + 1  # TensorBoard hides what the earlier attempt logged after it
         apply_schedule_at(self.scheduler)
         if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step)):
             self.tracker.print(
@@ -393,6 +402,14 @@ class Trainer:
         with StopSignals(self.cfg.trainer.stop_grace_s) as self.stop_signals:
             lock = acquire_run_lock(self.output_dir, is_main=self.is_main)
             try:
+                moved = claim_run_directory_collective(
+                    self.output_dir,
+                    resume=self.cfg.trainer.resume,
+                    overwrite=self.cfg.trainer.overwrite,
+                    is_main=self.is_main,
+                )
+                if moved:
+                    self.tracker.print(moved)
                 return self._fit()
             finally:
                 if lock is not None:

@@ -50,10 +50,10 @@ class Tracker:
         self._task = None
         if not enabled:
             return
-        output_dir.mkdir(parents=True, exist_ok=True)
-        self._file = self.metrics_path.open("a", buffering=1)
-        # TensorBoard and wandb open at the first record, not here: a run refused while it starts (a
-        # resume with other settings) must leave the directory as it found it.
+        # metrics.jsonl, TensorBoard and wandb open at the first record, not here: a run refused while it
+        # starts (a resume with other settings, an output_dir holding another run) leaves no trace.
+        self._output_dir = output_dir
+        self.purge_step: int | None = None  # set on resume: TensorBoard hides the events of re-run steps
         self._tb_dir = output_dir / "tb" if tensorboard else None
         self._wandb_init: dict[str, Any] | None = None
         if wandb:
@@ -86,8 +86,8 @@ class Tracker:
         if not self.enabled:
             return
         record = {"step": step, "split": prefix, "time": time.time(), **metrics}
-        assert self._file is not None
         self._open_writers()
+        assert self._file is not None
         self._file.write(json.dumps(record) + "\n")
         if self._tb is not None:
             for key, value in metrics.items():
@@ -104,10 +104,13 @@ class Tracker:
             self.print(f"[{prefix}] step {step}: " + "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
 
     def _open_writers(self) -> None:
+        if self._file is None:
+            self._output_dir.mkdir(parents=True, exist_ok=True)
+            self._file = self.metrics_path.open("a", buffering=1)
         if self._tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(log_dir=str(self._tb_dir))
+            self._tb = SummaryWriter(log_dir=str(self._tb_dir), purge_step=self.purge_step)
             self._tb_dir = None
         if self._wandb_init is not None:
             import wandb as wandb_module
