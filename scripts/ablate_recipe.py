@@ -55,6 +55,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "100 demonstrations per task",
         ["data.metaworld.episodes=100", "data.root=data/metaworld_100"],
     ),
+    "demos_200": (
+        "200 demonstrations per task",
+        ["data.metaworld.episodes=200", "data.root=data/metaworld_200"],
+    ),
     "no_state": (
         "no proprioception (state zeroed): the goal must be read from the images",
         ["data.state_key=null"],

@@ -1,7 +1,8 @@
 """Checkpoint corruption at every file of a checkpoint, and NaN weights that must never be written.
 
 Each file of a saved checkpoint (every .distcp shard, .metadata, trainer.pt, the RNG file, the
-manifest) is deleted, truncated or garbled in turn: `resolve("auto")` skips the damaged checkpoint,
+manifest) is deleted, truncated, garbled or has one bit flipped in turn (same-size damage is caught by
+the manifest's sha256 of every file): `resolve("auto")` skips the damaged checkpoint,
 names it and the file, and falls back to the previous intact one; an explicit path to it fails with
 DamagedCheckpointError naming the file; `load` of the fallback restores the right step (issue 10
 items 2, 5).
@@ -9,6 +10,8 @@ items 2, 5).
 
 from __future__ import annotations
 
+import json
+import random
 import shutil
 import warnings
 from pathlib import Path
@@ -71,11 +74,14 @@ def _damage(file: Path, how: str) -> None:
         file.write_bytes(data[: len(data) // 2])
     elif how == "empty":
         file.write_bytes(b"")
-    elif how == "garble":  # same size, different content (caught where the content is parsed)
+    elif how == "garble":  # same size, different content
         file.write_bytes(bytes(b ^ 0xFF for b in data))
+    elif how == "flip":  # one bit at a seeded offset: only the checksum can tell
+        offset = random.Random(f"{file.name}-{len(data)}").randrange(len(data))
+        file.write_bytes(data[:offset] + bytes([data[offset] ^ 0x40]) + data[offset + 1 :])
 
 
-# Garbling a .distcp shard keeps its size; only reading the tensors could tell, so it is not in the corpus.
+# Same-size damage (garble, a flipped bit) of a shard is found by its sha256 in the manifest.
 CASES = [
     (name, how)
     for name in (
@@ -85,8 +91,8 @@ CASES = [
         "rng/rank_00000.pt",
         "model_optim/*.distcp",
     )
-    for how in ("delete", "truncate", "empty", "garble")
-    if not (name.endswith(".distcp") and how == "garble")
+    for how in ("delete", "truncate", "empty", "garble", "flip")
+    if not (name == "manifest.json" and how == "flip")  # a flipped bit in JSON may still parse: below
 ]
 
 
@@ -115,8 +121,44 @@ def test_a_damaged_newest_checkpoint_is_skipped_and_named(pristine: Path, tmp_pa
     assert str(root / "step_00000001") in str(info.value) and "trainer.resume=auto" in str(info.value)
 
     model, opt = _model_and_optimizer()
-    state = manager.load(manager.resolve("auto"), model, opt)
+    with pytest.warns(UserWarning, match="resume=auto skips step_00000002"):
+        state = manager.load(manager.resolve("auto"), model, opt)
     assert state["marker"] == "step 1"
+
+
+def test_every_byte_of_a_shard_is_covered_by_its_checksum(pristine: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(pristine, root)
+    newest = root / "step_00000002"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    assert manifest["version"] == 2 and manifest["checksum_s"] >= 0
+    assert all(entry["digest"].startswith("xxh3_128:") for entry in manifest["files"].values())
+    assert set(manifest["files"]) == set(_files(newest)) - {"manifest.json"}
+    (shard,) = newest.glob("model_optim/*.distcp")
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0x01  # the last byte: a tensor's lowest mantissa bit
+    shard.write_bytes(bytes(data))
+    manager = CheckpointManager(root, keep_last=None)
+    with pytest.warns(UserWarning, match="resume=auto skips step_00000002.*does not match its checksum"):
+        assert manager.resolve("auto") == root / "step_00000001"
+    model, opt = _model_and_optimizer()
+    with pytest.raises(CheckpointError, match="does not match its checksum"):
+        manager.load(newest, model, opt)  # an explicit load reads the checksums too
+
+
+def test_a_checkpoint_without_checksums_still_loads_with_a_warning(pristine: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(pristine, root)
+    newest = root / "step_00000002"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["version"] = 1  # as written before checksums: sizes only
+    manifest["files"] = {name: entry["bytes"] for name, entry in manifest["files"].items()}
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    manager = CheckpointManager(root, keep_last=None)
+    with pytest.warns(UserWarning, match="records no checksums"):
+        assert manager.resolve("auto") == newest
+    model, opt = _model_and_optimizer()
+    assert manager.load(newest, model, opt)["marker"] == "step 2"
 
 
 def test_every_checkpoint_damaged_is_an_error_not_a_fresh_start(pristine: Path, tmp_path: Path) -> None:
@@ -156,3 +198,33 @@ def test_nan_weights_are_never_saved_or_exported(tmp_path: Path) -> None:
     ):
         export_safetensors(model, export)
     assert not export.exists() and list(tmp_path.glob(".policy*")) == []
+
+
+def test_a_damaged_export_is_named_not_a_raw_safetensors_error(tmp_path: Path) -> None:
+    from vla.checksums import check_sidecar, sidecar
+    from vla.eval.exported import DamagedExportError
+    from vla.eval.policy_runner import load_exported_policy
+    from vla.models import build_policy
+    from vla.training.export import write_export
+    from vla.training.loop import _load_weights
+
+    torch.manual_seed(0)
+    policy = build_policy("pi0_tiny")
+    path = write_export(policy.state_dict(), policy.config, tmp_path)
+    assert check_sidecar(path) is True and sidecar(path).read_text().endswith(f"  {path.name}\n")
+    assert load_exported_policy(path) is not None
+    pristine = path.read_bytes()
+
+    flipped = bytearray(pristine)
+    flipped[-3] ^= 0x40  # inside the last tensor: the header still parses, only the digest can tell
+    path.write_bytes(bytes(flipped))
+    for load in (load_exported_policy, lambda p: _load_weights(build_policy("pi0_tiny"), str(p), "auto")):
+        with pytest.raises(DamagedExportError, match=rf"{path} is damaged: its sha256 differs"):
+            load(path)
+
+    sidecar(path).unlink()  # a file with no digest: a truncation is still named, not a raw SafetensorError
+    path.write_bytes(pristine[: len(pristine) // 2])
+    with pytest.raises(DamagedExportError, match=rf"{path}.*truncated or damaged"):
+        load_exported_policy(path)
+    with pytest.raises(DamagedExportError, match=r"model\.weights=.*truncated or damaged"):
+        _load_weights(build_policy("pi0_tiny"), str(path), "auto")

@@ -238,6 +238,24 @@ def fsdp_checkpoint_scenarios(rank: int, world: int, root: str, single_process_c
     results["from_single_process"] = full_params(single)
     results["from_single_process_warnings"] = [str(w.message) for w in caught]
 
+    # A flipped bit in one rank's shard of the newest checkpoint: the ranks split the checksum reads,
+    # agree, and both fall back to the previous checkpoint, naming the shard.
+    flip = CheckpointManager(Path(root) / "flip", keep_last=None)
+    flip_policy, flip_opt, flip_scheduler = build("muon", seed=10, mesh=mesh)
+    train(flip_policy, flip_opt, flip_scheduler, range(1), rank, world)
+    flip.save(1, flip_policy, flip_opt, scheduler=flip_scheduler)
+    newest = flip.save(2, flip_policy, flip_opt, scheduler=flip_scheduler)
+    if rank == 0:
+        shard = newest / "model_optim" / "__1_0.distcp"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        shard.write_bytes(bytes(data))
+    dist.barrier()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        results["flip_resolved"] = str(flip.resolve("auto"))
+    results["flip_skipped"] = [reason for _, reason in flip.skipped]
+
     # DDP: the saved names carry no "module." prefix, so a plain model loads them. Every rank trains on
     # the full batch, so the replicas agree without relying on DDP's gradient hooks.
     ddp_policy, ddp_opt, ddp_scheduler = build("muon")

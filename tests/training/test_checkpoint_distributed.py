@@ -169,3 +169,11 @@ def test_ddp_checkpoint_loads_into_a_plain_model(two_rank_run) -> None:
     CheckpointManager(Path(ddp_path).parent).load(ddp_path, policy, opt, scheduler=scheduler)
     _assert_bitwise(full_params(policy), results[0]["ddp_params"], "ddp -> plain")
     assert opt.state and scheduler.last_epoch == 1
+
+
+def test_a_flipped_bit_in_one_ranks_shard_is_found_by_both_ranks(two_rank_run) -> None:
+    results, _ = two_rank_run
+    for rank in results:
+        assert Path(rank["flip_resolved"]).name == "step_00000001"
+        (reason,) = rank["flip_skipped"]
+        assert "__1_0.distcp does not match its checksum" in reason, reason

@@ -109,7 +109,9 @@ def load_exported_policy(path: Path | str) -> nn.Module:
     Reads both export layouts: LeRobot's pi0 names (exports since the LeRobot-compatible export) and our own
     parameter names (older exports, and OpenVLA-style exports), detected from the keys.
     """
-    from vla.eval.exported import read_safetensors_metadata
+    from safetensors import SafetensorError
+
+    from vla.eval.exported import DamagedExportError, check_export_bytes, read_safetensors_metadata
     from vla.models import build_policy
     from vla.models.weights import load_weights
 
@@ -118,6 +120,7 @@ def load_exported_policy(path: Path | str) -> nn.Module:
         raise FileNotFoundError(
             f"no exported policy at {path}; a run writes it at the end (trainer.export_safetensors=true)"
         )
+    check_export_bytes(path)
     metadata = read_safetensors_metadata(path)
     if "policy_config" not in metadata:
         raise ValueError(
@@ -125,7 +128,12 @@ def load_exported_policy(path: Path | str) -> nn.Module:
             "or PaliGemma checkpoint loads into a configured policy with train.py model.weights=...)"
         )
     policy = build_policy(json.loads(metadata["policy_config"]))
-    load_weights(policy, path, "auto")
+    try:
+        load_weights(policy, path, "auto")
+    except SafetensorError as exc:
+        raise DamagedExportError(
+            f"{path} cannot be read ({exc}): truncated or damaged; export it again"
+        ) from exc
     return policy.eval()
 
 

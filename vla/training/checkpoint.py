@@ -5,7 +5,8 @@ Layout of one checkpoint, `root/step_{step:08d}/`:
     model_optim/          DCP checkpoint of {"model", "optim", "extra"}; every rank writes its own shards
     rng/rank_00000.pt     RNG states (python `random`, numpy, torch CPU, CUDA) of each rank at save time
     trainer.pt            scheduler state_dict and the caller's `trainer_state` (written by rank 0)
-    manifest.json         step, world size, time, torch version: written last, it marks the checkpoint complete
+    manifest.json         step, world size, time, torch version, every file's size and xxh3-128 digest: written
+                          last, it marks the checkpoint complete
 
 Atomicity: everything is written into `root/.tmp_step_{step:08d}/`; after every rank has finished (and
 fsynced) its files, rank 0 writes the manifest and renames the directory to `step_{step:08d}` with
@@ -65,6 +66,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.optim import Optimizer
 
+from vla.checksums import digests as file_digests
+from vla.checksums import mismatches as digest_mismatches
 from vla.eval.exported import read_safetensors_metadata  # re-exported: callers import it from here too
 
 __all__ = [
@@ -78,7 +81,7 @@ __all__ = [
 ]
 
 FORMAT = "vla.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: every file listed with its size and digest (1: sizes only)
 MANIFEST = "manifest.json"
 MODEL_OPTIM_DIR = "model_optim"
 RNG_DIR = "rng"
@@ -312,8 +315,9 @@ class CheckpointManager:
         keep_last: after each successful save, keep only this many newest complete checkpoints (the one
             just written is never deleted); None keeps all.
 
-    Non-collective: `path_for`, `checkpoints`, `latest`, `resolve`, `read_manifest`.
-    Collective (every rank calls it): `save`, `load`, `export_safetensors`.
+    Non-collective: `path_for`, `checkpoints`, `latest`, `read_manifest`, `verify`.
+    Collective (every rank calls it): `save`, `load`, `export_safetensors`, and `resolve` under a process
+    group (the ranks split the checksum reads and agree on the verdict).
     """
 
     def __init__(self, root: Path | str, keep_last: int | None = 3) -> None:
@@ -324,6 +328,9 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep_last = keep_last
         self.skipped: list[tuple[Path, str]] = []  # damaged checkpoints the last resolve("auto") passed over
+        self._checksummed: set[Path] = (
+            set()
+        )  # verified with checksums by resolve(): load need not re-read them
 
     def __repr__(self) -> str:
         return f"CheckpointManager(root={str(self.root)!r}, keep_last={self.keep_last})"
@@ -379,7 +386,7 @@ class CheckpointManager:
         if not candidate.is_dir():
             self._require_complete(candidate, f"trainer.resume={text!r}")  # raises, naming the path
         try:
-            self.verify(candidate)
+            self._verify_agreed(candidate)
         except DamagedCheckpointError as exc:
             available = [str(p) for p in self.checkpoints() if p != candidate]
             listing = ", ".join(available) if available else f"none under {self.root}"
@@ -400,7 +407,7 @@ class CheckpointManager:
         )
         for _, path in reversed(candidates):
             try:
-                self.verify(path)
+                self._verify_agreed(path)
             except DamagedCheckpointError as exc:
                 self.skipped.append((path, str(exc)))
                 warnings.warn(f"resume=auto skips {path.name}: {exc}", stacklevel=3)
@@ -417,14 +424,39 @@ class CheckpointManager:
             )
         return None
 
-    def verify(self, path: Path | str) -> dict[str, Any]:
+    def _verify_agreed(self, path: Path) -> dict[str, Any]:
+        """`verify` with the checksum reads split over the ranks; under a process group every rank raises
+        the same DamagedCheckpointError (the lowest failing rank's). Collective when distributed."""
+        rank, world, distributed = _dist_info()
+        if not distributed:
+            manifest = self.verify(path)
+        else:
+            error: tuple[str, str] | None = None
+            manifest = {}
+            try:
+                manifest = self.verify(path, part=(rank, world))
+            except DamagedCheckpointError as exc:
+                error = (str(exc), str(exc.file))
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, error)
+            first = next((e for e in gathered if e is not None), None)
+            if first is not None:
+                raise DamagedCheckpointError(first[0], path, Path(first[1]))
+        self._checksummed.add(Path(path).absolute())
+        return manifest
+
+    def verify(
+        self, path: Path | str, *, checksums: bool = True, part: tuple[int, int] = (0, 1)
+    ) -> dict[str, Any]:
         """Check that every file of the checkpoint at `path` is present and readable; return its manifest.
 
+        checksums: also compare each file's digest with the manifest's (reads every byte; a checkpoint
+        saved before checksums were kept warns and is checked by size). part=(i, n): hash only every
+        n-th file from the i-th (ranks of a collective check split the work).
         Checked: manifest.json (valid, ours), every file it lists with its recorded size, the DCP
         .metadata (unpickles) and every .distcp shard it references (present, long enough for every
         entry), trainer.pt (loads, has the scheduler and trainer state) and the RNG file of every saved
         rank (loads). Raises DamagedCheckpointError naming the first damaged file and what is wrong.
-        Reads the small files; the shards are checked by size only.
         """
         path = Path(path)
 
@@ -445,7 +477,9 @@ class CheckpointManager:
         for key in ("step", "world_size", "optimizer", "scheduler"):
             if key not in manifest:
                 raise damaged(manifest_path, f"has no {key!r} entry (garbled)")
-        for relative, size in (manifest.get("files") or {}).items():
+        expected: dict[str, str] = {}
+        for relative, entry in (manifest.get("files") or {}).items():
+            size = entry.get("bytes") if isinstance(entry, dict) else entry  # format 1: sizes only
             file = path / relative
             if not file.is_file():
                 raise damaged(file, "is missing")
@@ -453,6 +487,23 @@ class CheckpointManager:
             if actual != size:
                 raise damaged(
                     file, f"has {actual} bytes, the manifest records {size} (truncated or replaced)"
+                )
+            if isinstance(entry, dict) and isinstance(entry.get("digest"), str):
+                expected[relative] = entry["digest"]
+        if checksums:
+            if not expected:
+                warnings.warn(
+                    f"checkpoint {path} records no checksums (saved before they were kept): its files are "
+                    "checked by size only",
+                    stacklevel=2,
+                )
+            rank, world = part
+            names = sorted(expected)[rank::world]
+            for relative, want, got in digest_mismatches(path, {n: expected[n] for n in names}):
+                raise damaged(
+                    path / relative,
+                    f"does not match its checksum (saved {want[:15]}..., now {got[:15]}...): its bytes "
+                    "changed after the save (disk or copy damage)",
                 )
         metadata_path = path / MODEL_OPTIM_DIR / ".metadata"
         if not metadata_path.is_file():
@@ -566,6 +617,9 @@ class CheckpointManager:
             manifest = self._write_contents(
                 tmp, step, rank, world, model, optimizer, scheduler, trainer_state, extra_state
             )
+            start = time.perf_counter()
+            manifest["files"] = self._checksum_files(tmp, step, rank, world)
+            manifest["checksum_s"] = round(time.perf_counter() - start, 6)
             if rank == 0:
                 with _capture(failed):
                     self._publish(tmp, final, step, manifest)
@@ -643,10 +697,32 @@ class CheckpointManager:
         _agree(_first(failed), f"saving step {step}: writing RNG / scheduler / trainer state")
         return manifest
 
+    def _checksum_files(self, tmp: Path, step: int, rank: int, world: int) -> dict[str, dict[str, Any]]:
+        """{relative path: {"bytes", "digest"}} of every file in `tmp`; each rank hashes every W-th file
+        (rank 0's listing, so all ranks split the same list). Collective."""
+        failed: list[BaseException] = []
+        names: list[str] = []
+        with _capture(failed):
+            if rank == 0:
+                names = [str(f.relative_to(tmp)) for f in sorted(tmp.rglob("*")) if f.is_file()]
+        if _dist_info()[2]:
+            box = [names]
+            dist.broadcast_object_list(box, src=0)
+            names = box[0]
+        local: dict[str, dict[str, Any]] = {}
+        with _capture(failed):
+            mine = names[rank::world]
+            hashed = file_digests(tmp, mine)
+            local = {name: {"bytes": (tmp / name).stat().st_size, "digest": hashed[name]} for name in mine}
+        _agree(_first(failed), f"saving step {step}: checksumming the files")
+        if not _dist_info()[2]:
+            return local
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, local)
+        return {name: entry for part in gathered for name, entry in part.items()}
+
     def _publish(self, tmp: Path, final: Path, step: int, manifest: Mapping[str, Any]) -> None:
-        # Every file with its size: `verify` finds a missing or truncated shard without reading it.
-        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        manifest = {**manifest, "files": files}
+        # Every file with its size and digest (`verify` checks both); the manifest itself is written last.
         _write_durably(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
         _fsync_dir(tmp)
         newer = [p for p in self.checkpoints() if int(_STEP_DIR.match(p.name).group(1)) > step]
@@ -754,7 +830,9 @@ class CheckpointManager:
         manifest: dict[str, Any] = {}
         with _capture(failed):
             self._require_complete(path, f"loading checkpoint {str(path)!r}")
-            manifest = self.verify(path)
+            # resolve() already read every byte against its checksum; a path given directly is read here.
+            checked = path.absolute() in self._checksummed
+            manifest = self.verify(path, checksums=not checked, part=(rank, world))
             if optimizer is not None:
                 optimizer = _unwrap_optimizer(optimizer)
                 _check_optimizer_matches(model, optimizer)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from vla.checksums import write_sidecar
 from vla.models.config import (
     GEMMA_2B,
     GEMMA_300M,
@@ -196,6 +197,7 @@ def write_export(
             _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
     else:
         _write_safetensors(state, path, export_header(config, "vla"))
+    write_sidecar(path)  # policy.safetensors.sha256: loaders check the bytes against it
     return path
 
 

@@ -696,13 +696,25 @@ def _describe_routing(optimizer: torch.optim.Optimizer) -> str:
 
 
 def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
+    from safetensors import SafetensorError
+
+    from vla.eval.exported import DamagedExportError, check_export_bytes
     from vla.models.weights import load_weights
 
     if not Path(path).exists():
         raise FileNotFoundError(
             f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
         )
-    load_weights(policy, path, fmt)
+    files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
+    for file in files:
+        check_export_bytes(file)
+    try:
+        load_weights(policy, path, fmt)
+    except SafetensorError as exc:
+        raise DamagedExportError(
+            f"model.weights={path!r}: a safetensors file there cannot be read ({exc}): truncated or damaged. "
+            "Copy or export it again"
+        ) from exc
 
 
 def _set_action_dim_from_data(policy: torch.nn.Module, action_dim: int) -> None:
