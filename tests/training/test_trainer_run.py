@@ -140,17 +140,24 @@ def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, m
     original = Pi0Policy.compute_loss
     calls = {"n": 0}
 
+    seen: list[tuple[int, int]] = []
+
     def poisoned(self, batch, **kwargs):
         loss, metrics_ = original(self, batch, **kwargs)
         calls["n"] += 1
-        return (loss * float("nan"), metrics_) if calls["n"] == 4 else (loss, metrics_)
+        if calls["n"] == 4:
+            seen.extend(zip(batch.meta["episode_index"].tolist(), batch.meta["frame_index"].tolist()))
+            return loss * float("nan"), metrics_
+        return loss, metrics_
 
     monkeypatch.setattr(Pi0Policy, "compute_loss", poisoned)
     out = tmp_path / "stop"
-    with pytest.raises(NonFiniteLossError, match=r"step 4: loss is nan.*nan_policy=skip"):
+    with pytest.raises(NonFiniteLossError, match=r"step 4: loss is nan.*nan_policy=skip") as info:
         run_in_process(
             tiny_overrides(synthetic_dataset, out, "trainer.steps=6", "trainer.checkpoint_every=2")
         )
+    named = ", ".join(f"episode {e} frame {f}" for e, f in seen)
+    assert f"Rank 0's batch held {named} of {synthetic_dataset}" in str(info.value)  # the very frames
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [
         "step_00000002"
     ]  # nothing after the NaN

@@ -19,6 +19,7 @@ from vla.data.loader import BatchLoader, make_dataloader
 from vla.data.metadata import DatasetMetadata
 from vla.data.processor import BatchProcessor, ProcessorConfig
 from vla.data.reader import LeRobotDataset
+from vla.data.scan import ON_BAD_FRAMES, BadFramesError, describe, scan_frames
 from vla.data.splits import split_episodes
 
 
@@ -30,6 +31,7 @@ class DataPipeline:
     train: BatchLoader
     val_dataset: LeRobotDataset | None
     val: BatchLoader | None
+    notes: list[str]  # what the trainer should tell the user (episodes left out by the data scan)
 
 
 def build_pipeline(
@@ -50,6 +52,7 @@ def build_pipeline(
     val_shuffle: bool = False,
     tokenizer: Any | None = None,
     image_transforms: ImageTransformsConfig | None = None,
+    on_bad_frames: str = "error",
 ) -> DataPipeline:
     """Datasets, processor and loaders for a LeRobot dataset at `root`.
 
@@ -62,7 +65,12 @@ def build_pipeline(
     where the training data varies, and DatasetTooSmallError when the training split holds less than
     one batch per rank. image_transforms (when enabled) augments the training loader's images only,
     seeded by `seed` (vla.data.augment); validation is never augmented.
+    Every frame of both splits is scanned first (vla.data.scan): NaN/inf values or empty tasks raise
+    BadFramesError naming file, episode and frame, or with on_bad_frames="drop_episode" their episodes
+    are left out (DataPipeline.notes says which).
     """
+    if on_bad_frames not in ON_BAD_FRAMES:
+        raise ValueError(f"data.on_bad_frames must be one of {list(ON_BAD_FRAMES)}, got {on_bad_frames!r}")
     meta = DatasetMetadata(root)
     processor = BatchProcessor.from_dataset(config, meta, tokenizer=tokenizer)
     pool = sorted(meta.episodes) if episodes is None else sorted(episodes)
@@ -73,6 +81,24 @@ def build_pipeline(
         "frame_cache_mb": frame_cache_mb,
     }
     train_dataset = LeRobotDataset(root, episodes=train_episodes, **dataset_kwargs)
+    val_dataset = LeRobotDataset(root, episodes=val_episodes, **dataset_kwargs) if val_episodes else None
+    notes: list[str] = []
+    bad = scan_frames(train_dataset) + (scan_frames(val_dataset) if val_dataset is not None else [])
+    if bad:
+        splits = "training" if val_dataset is None else "training and validation"
+        if on_bad_frames == "error":
+            raise BadFramesError(describe(bad, meta.root, splits))
+        dropped = sorted({b.episode for b in bad})
+        train_episodes = [e for e in train_episodes if e not in dropped]
+        val_episodes = [e for e in val_episodes if e not in dropped]
+        if not train_episodes:
+            raise BadFramesError(describe(bad, meta.root, splits) + "; every training episode holds one")
+        train_dataset = LeRobotDataset(root, episodes=train_episodes, **dataset_kwargs)
+        val_dataset = LeRobotDataset(root, episodes=val_episodes, **dataset_kwargs) if val_episodes else None
+        notes.append(
+            f"data.on_bad_frames=drop_episode: left out {len(dropped)} episode(s) {dropped} of {meta.root} "
+            f"({len(bad)} bad frame(s), first: {bad[0]})"
+        )
     # stats.json with std (or range) 0 where the data moves would scale those dims by ~1e6: refuse.
     for key in (config.state_key, config.action_key):
         if key:
@@ -94,7 +120,6 @@ def build_pipeline(
     train = make_dataloader(
         train_dataset, processor, batch_size, shuffle=True, drop_last=True, augment=augment, **loader_kwargs
     )
-    val_dataset = LeRobotDataset(root, episodes=val_episodes, **dataset_kwargs) if val_episodes else None
     val = (
         make_dataloader(
             val_dataset,
@@ -107,4 +132,4 @@ def build_pipeline(
         if val_dataset is not None
         else None
     )
-    return DataPipeline(meta, processor, train_dataset, train, val_dataset, val)
+    return DataPipeline(meta, processor, train_dataset, train, val_dataset, val, notes)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vla.data.augment import ImageTransformsConfig
+from vla.data.scan import ON_BAD_FRAMES
 
 OPTIMIZERS = ("adamw", "muon", "dmuon")
 PARALLEL_MODES = ("none", "ddp", "fsdp2")
@@ -244,6 +245,7 @@ class DataConfig:
     tokenizer_path: str | None = None
     max_prompt_length: int = 24
     num_workers: int = 2
+    on_bad_frames: str = "error"  # NaN/inf or empty tasks in a frame: error | drop_episode (vla.data.scan)
     uint8_transport: bool = True
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     metaworld: MetaWorldDataConfig = field(default_factory=MetaWorldDataConfig)
@@ -256,6 +258,7 @@ class DataConfig:
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         _positive("data.num_workers", self.num_workers, allow_zero=True)
+        _choice("data.on_bad_frames", self.on_bad_frames, ON_BAD_FRAMES)
         _positive("data.max_prompt_length", self.max_prompt_length)
         for feature, mode in self.norm_modes.items():
             _choice(f"data.norm_modes[{feature!r}]", mode, NORM_MODES)

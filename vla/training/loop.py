@@ -113,6 +113,21 @@ def _shared_output_dir(path: str, device: torch.device) -> Path:
     return Path(box[0])
 
 
+def _batch_frames(batches: list[Any], shown: int = 8) -> str:
+    """'episode 3 frame 17, ...' for the frames of a step's micro-batches (as the data meta has them)."""
+    pairs: list[tuple[int, int]] = []
+    for batch in batches:
+        meta = getattr(batch, "meta", None) or {}
+        episodes, frames = meta.get("episode_index"), meta.get("frame_index")
+        if episodes is None or frames is None:
+            continue
+        pairs += list(zip(torch.as_tensor(episodes).tolist(), torch.as_tensor(frames).tolist(), strict=True))
+    if not pairs:
+        return "frames this dataset does not index"
+    text = ", ".join(f"episode {e} frame {f}" for e, f in pairs[:shown])
+    return text + (f" and {len(pairs) - shown} more" if len(pairs) > shown else "")
+
+
 def _crash_for_tests(step: int, rank: int) -> None:
     """Fault injection for the failure tests: VLA_TEST_CRASH_AT_STEP=<step> [VLA_TEST_CRASH_RANK=<rank>]."""
     at = os.environ.get("VLA_TEST_CRASH_AT_STEP")
@@ -422,6 +437,8 @@ class Trainer:
             f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
         )
         self.tracker.print(self.routing)
+        for note in self.data.notes:
+            self.tracker.print(note)
         _, warmup_note = effective_warmup(cfg)
         if warmup_note:
             self.tracker.print(warmup_note)
@@ -447,7 +464,9 @@ class Trainer:
                 times.forward_backward_s = time.perf_counter() - start
 
                 finite = math.isfinite(loss) and math.isfinite(grad_norm)
-                if _all_ranks_agree(not finite, self.device) and not self._handle_non_finite(loss, grad_norm):
+                if _all_ranks_agree(not finite, self.device) and not self._handle_non_finite(
+                    loss, grad_norm, batches
+                ):
                     continue
                 start = time.perf_counter()
                 rates = _learning_rates(self.optimizer)  # the lr this step uses
@@ -555,10 +574,12 @@ class Trainer:
             "with trainer.resume=auto",
         )
 
-    def _handle_non_finite(self, loss: float, grad_norm: float) -> bool:
-        """Skip this step (True: keep training) or raise, naming the step and the metric."""
+    def _handle_non_finite(self, loss: float, grad_norm: float, batches: list[Any]) -> bool:
+        """Skip this step (True: keep training) or raise, naming the step, the metric and this rank's
+        (episode, frame) pairs of the batch."""
         culprit = "loss" if not math.isfinite(loss) else "grad_norm"
         value = loss if culprit == "loss" else grad_norm
+        frames = _batch_frames(batches)
         self.optimizer.zero_grad(set_to_none=True)
         if self.cfg.trainer.nan_policy == "skip" and self.skipped < self.cfg.trainer.max_skipped_steps:
             self.skipped += 1
@@ -570,8 +591,9 @@ class Trainer:
             return False
         raise NonFiniteLossError(
             f"step {self.step + 1}: {culprit} is {value} (on at least one rank); stopping before the optimizer "
-            "step so no checkpoint holds it. Lower optim.lr, check the data, or set trainer.nan_policy=skip "
-            "with trainer.max_skipped_steps > 0"
+            f"step so no checkpoint holds it. Rank {self.rank}'s batch held {frames} of {self.data.meta.root}. "
+            "Lower optim.lr, check those frames, or set trainer.nan_policy=skip with "
+            "trainer.max_skipped_steps > 0"
         )
 
     def _summary(
