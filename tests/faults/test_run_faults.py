@@ -163,6 +163,52 @@ def test_a_fresh_run_never_overwrites_an_earlier_one(synthetic_dataset, tmp_path
     assert [r["step"] for r in metrics(fresh)] == [1, 2, 3] and 9.0 not in losses(fresh)
 
 
+def _tensorboard_steps(out) -> dict[str, list[int]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(out / "tb"))
+    events.Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_a_resume_at_the_last_step_records_every_evaluation_once(
+    synthetic_dataset, tmp_path, monkeypatch
+) -> None:
+    # The export fails after the last checkpoint; the resume at that step re-runs only the export and
+    # the final evaluations: each (step, kind) stays once, and the summary keeps the run's losses.
+    import vla.training.export as export
+
+    original = export.export_policy
+    calls = {"n": 0}
+
+    def failing_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("No space left on device (simulated)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(export, "export_policy", failing_once)
+    out = tmp_path / "run"
+    common = ["trainer.steps=4", "trainer.checkpoint_every=2", "trainer.val_every=2"]
+    with pytest.raises(OSError, match="No space left"):
+        run_in_process(tiny_overrides(synthetic_dataset, out, *common))
+    first_eval = metrics(out, "eval")
+    assert [r["step"] for r in first_eval] == [4]  # the open-loop evaluation ran before the export
+    result = run_in_process(tiny_overrides(synthetic_dataset, out, *common, "trainer.resume=auto"))
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    keys = [(r["step"], r["split"]) for r in rows]
+    assert len(keys) == len(set(keys)), keys
+    assert [r["step"] for r in metrics(out, "eval")] == [4] and [r["step"] for r in metrics(out, "val")] == [
+        2,
+        4,
+    ]
+    assert result.final_loss == losses(out)[-1] and result.val_loss == metrics(out, "val")[-1]["loss"]
+    assert summary(out)["final_loss"] == losses(out)[-1]
+    steps = _tensorboard_steps(out)
+    assert steps["train/loss"] == [1, 2, 3, 4] and steps["val/loss"] == [2, 4], steps
+    assert steps["eval/mse"] == [4], steps
+
+
 def test_a_resume_with_another_model_lists_the_change_before_loading(synthetic_dataset, tmp_path) -> None:
     # Other shapes would fail inside DCP ("size mismatch"); the saved config is compared first.
     out = tmp_path / "run"

@@ -193,6 +193,11 @@ class Trainer:
         )
         self.step = 0
         self.skipped = 0
+        self.resumed_losses: tuple[float | None, float | None] = (
+            None,
+            None,
+        )  # (train, val) at the resumed step
+        self.last_losses: tuple[float | None, float | None] = (None, None)  # saved with each checkpoint
         self.train_seconds = 0.0  # data + forward/backward + optimizer, summed over the steps (resumed too)
         self.stop_signals: StopSignals | None = None
         self._dataset_fingerprint = dataset_fingerprint(self.data.meta.root)
@@ -218,6 +223,8 @@ class Trainer:
             "global_batch": self.cfg.trainer.batch_size,
             "config": flatten(self.cfg),  # compared on resume (vla.training.resume)
             "dataset": self._dataset_fingerprint,
+            "last_loss": self.last_losses[0],
+            "val_loss": self.last_losses[1],
         }
 
     def save_checkpoint(self) -> Path:
@@ -254,12 +261,20 @@ class Trainer:
             path, unwrap(self.model), _inner(self.optimizer), scheduler=self.scheduler, extra_state=extra
         )
         self.step = int(state["step"])
-        self.tracker.purge_step = self.step + 1  # TensorBoard hides what the earlier attempt logged after it
         apply_schedule_at(self.scheduler)
-        if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step)):
-            self.tracker.print(
-                f"metrics.jsonl: dropped {dropped} record(s) of steps after {self.step} (re-run now)"
-            )
+        # At the last step only the final evaluations re-run: their records of that step go too, and the
+        # step's training / validation losses come back from the checkpoint for the summary.
+        final = self.step == self.cfg.trainer.steps
+        self.resumed_losses = (state.get("last_loss"), state.get("val_loss"))
+        rerun = ("eval",) if final else ()
+        if self.is_main and (dropped := truncate_metrics(self.tracker.metrics_path, self.step, rerun)):
+            what = f"steps after {self.step}" + (f" and the evaluations of step {self.step}" if final else "")
+            self.tracker.print(f"metrics.jsonl: dropped {dropped} record(s) of {what} (re-run now)")
+        # TensorBoard hides what the earlier attempt logged from the first re-run step on; at the last
+        # step that is the step itself, so its kept records are written again.
+        self.tracker.purge_step = self.step if final else self.step + 1
+        if final and self.is_main:
+            self.tracker.replay_step(self.step)
         self.skipped = int(state.get("skipped", 0))
         self.train_seconds = float(state.get("train_seconds", 0.0))
         loader_state = dict(state["loader"])
@@ -446,8 +461,7 @@ class Trainer:
         self._write_run_files()  # after the resume checks: a refused resume leaves config.yaml as it was
         iterator = self.data.train.forever()
         history: list[StepTimes] = []
-        last_loss: float | None = None
-        val_loss: float | None = None
+        last_loss, val_loss = self.resumed_losses
         stopped: str | None = None
         self.model.train()
         with self.stop_signals.training_steps() as stop:
@@ -508,6 +522,7 @@ class Trainer:
                 every = cfg.closed_loop.every
                 if every and self.step % every == 0 and self.step != cfg.steps:
                     self.evaluate_closed_loop(final=False)
+                self.last_losses = (last_loss, val_loss)
                 if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
                     path = self.save_checkpoint()
                     self.tracker.print(f"checkpoint {path}")

@@ -189,8 +189,11 @@ def _schedule_note(saved: dict[str, Any], cfg: Any, step: int) -> str:
     )
 
 
-def truncate_metrics(path: Path, step: int) -> int:
+def truncate_metrics(path: Path, step: int, rerun_at_step: tuple[str, ...] = ()) -> int:
     """Drop metrics.jsonl records of steps > `step` (to be re-run) and unreadable lines, in place.
+
+    rerun_at_step: splits whose records *at* `step` go too (a resume at the last step re-runs the
+    final evaluations, "eval", but not that step's training and validation records).
 
     Records carry the optimizer step 1..N they were logged after, so resuming from the checkpoint of
     step S re-runs steps S+1, S+2, ... and their records go. The file is rewritten in place (same
@@ -207,9 +210,11 @@ def truncate_metrics(path: Path, step: int) -> int:
             except ValueError:
                 dropped += 1  # a line cut short by a crash
                 continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step:
-                dropped += 1
-                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                at = record["step"]
+                if at > step or (at == step and record.get("split") in rerun_at_step):
+                    dropped += 1
+                    continue
             kept.append(line)
         if dropped:
             f.seek(0)

@@ -54,6 +54,7 @@ class Tracker:
         # starts (a resume with other settings, an output_dir holding another run) leaves no trace.
         self._output_dir = output_dir
         self.purge_step: int | None = None  # set on resume: TensorBoard hides the events of re-run steps
+        self._replay: list[dict[str, Any]] = []  # kept records written to TensorBoard again after a purge
         self._tb_dir = output_dir / "tb" if tensorboard else None
         self._wandb_init: dict[str, Any] | None = None
         if wandb:
@@ -112,11 +113,29 @@ class Tracker:
 
             self._tb = SummaryWriter(log_dir=str(self._tb_dir), purge_step=self.purge_step)
             self._tb_dir = None
+            for record in self._replay:
+                for key, value in record.items():
+                    if key not in ("step", "split", "time") and isinstance(value, int | float):
+                        self._tb.add_scalar(f"{record['split']}/{key}", value, record["step"])
+            self._replay = []
         if self._wandb_init is not None:
             import wandb as wandb_module
 
             self._wandb = wandb_module.init(**self._wandb_init)
             self._wandb_init = None
+
+    def replay_step(self, step: int) -> None:
+        """Write metrics.jsonl's records of `step` to TensorBoard again once it opens (after a purge
+        from `step` on hid them there)."""
+        if not self.metrics_path.is_file():
+            return
+        for line in self.metrics_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step") == step and "split" in record:
+                self._replay.append(record)
 
     def print(self, text: str) -> None:
         if self.enabled:
