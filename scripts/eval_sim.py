@@ -6,8 +6,9 @@
     python scripts/eval_sim.py --policy zero|random ...
 
 A run is evaluated from its export (policy.safetensors) and processor.json; cameras, resolution and
-tasks default to those of the MetaWorld dataset it trained on (data.root in its config.yaml), and
-seeds that dataset trained on are refused. Writes the JSON report, a PNG of success per task (next to
+tasks default to those in its config.yaml (data.metaworld), and seeds its demonstrations used are
+refused: the dataset is looked up from data.root relative to where the run was launched, the working
+directory and the repository. If it cannot be found the run is refused unless --unknown-training-seeds. Writes the JSON report, a PNG of success per task (next to
 the JSON) and, with --videos N, the first N episodes of each task as mp4 files.
 """
 
@@ -27,7 +28,7 @@ from vla.eval.closed_loop import (
     write_report,
 )
 from vla.sim import DEFAULT_TASKS, SimError, parse_tasks
-from vla.sim.demos import load_sim_marker, training_seeds
+from vla.sim.demos import training_seeds
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,6 +61,11 @@ def parse_args() -> argparse.Namespace:
         "--num-steps", type=int, default=None, help="flow-matching Euler steps (default: model's)"
     )
     parser.add_argument("--json", type=Path, required=True, help="report path; the PNG goes beside it")
+    parser.add_argument(
+        "--unknown-training-seeds",
+        action="store_true",
+        help="evaluate a run whose dataset cannot be found (its demonstration seeds are then not excluded)",
+    )
     parser.add_argument("--videos", type=int, default=0, help="episodes per task to save as mp4")
     args = parser.parse_args()
     if (args.run_dir is None) == (args.policy is None):
@@ -67,22 +73,48 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def run_settings(run_dir: Path, unknown_training_seeds: bool) -> tuple[dict, dict[str, set[int]]]:
+    """Tasks, cameras and resolution from the run's saved config, and the seeds its demonstrations used
+    (from the dataset it trained on). Raises ValueError for a run not trained on MetaWorld, or when
+    that dataset cannot be found and --unknown-training-seeds was not given."""
+    from vla.eval.policy_runner import dataset_candidates, run_data_config, run_dataset_root
+    from vla.sim.demos import MARKER_PATH
+
+    data = run_data_config(run_dir)
+    if data.get("source") != "metaworld":
+        raise ValueError(
+            f"{run_dir} was trained on data.source={data.get('source')!r}, not MetaWorld; eval_sim.py evaluates "
+            "runs trained with data=metaworld (scripts/eval_sim.py --policy expert needs no run)"
+        )
+    metaworld = data.get("metaworld") or {}
+    recorded = {k: metaworld[k] for k in ("tasks", "cameras", "resolution") if k in metaworld}
+    root = run_dataset_root(run_dir, MARKER_PATH)
+    if root is not None:
+        return recorded, training_seeds(root)
+    looked = ", ".join(str(p) for p in dataset_candidates(run_dir, data.get("root") or "?"))
+    if not unknown_training_seeds:
+        raise ValueError(
+            f"the dataset {run_dir} trained on (data.root={data.get('root')!r}) is not at {looked}, so the "
+            "seeds of its demonstrations are unknown and evaluation could reuse them. Run from the directory "
+            "the run was launched in, or pass --unknown-training-seeds to evaluate on --seed.. anyway"
+        )
+    print(f"warning: {run_dir}'s dataset is not at {looked}; evaluating without the training-seed check")
+    return recorded, {}
+
+
 def main() -> int:
     args = parse_args()
     try:
-        dataset, exclude = None, {}
+        recorded, exclude = {}, {}
         if args.run_dir is not None:
-            from vla.eval.policy_runner import load_run_policy, run_dataset_root
+            from vla.eval.policy_runner import load_run_policy
 
+            recorded, exclude = run_settings(args.run_dir, args.unknown_training_seeds)
             policy = load_run_policy(args.run_dir, seed=args.seed, num_steps=args.num_steps)
-            root = run_dataset_root(args.run_dir)
-            dataset = load_sim_marker(root) if root is not None else None
-            exclude = training_seeds(root) if root is not None else {}
         else:
             policy = {"expert": ExpertPolicy, "zero": ZeroPolicy, "random": lambda: RandomPolicy(args.seed)}[
                 args.policy
             ]()
-        recorded = (dataset or {}).get("config", {})
         tasks = parse_tasks(args.tasks or recorded.get("tasks") or list(DEFAULT_TASKS))
         cameras = (
             [c.strip() for c in args.cameras.split(",")]

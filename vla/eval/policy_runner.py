@@ -148,12 +148,54 @@ def load_run_policy(run_dir: Path | str, **actor_kwargs: Any) -> PolicyActor:
     )
 
 
-def run_dataset_root(run_dir: Path | str) -> Path | None:
-    """The data.root a run trained on (from its config.yaml), or None if it cannot be read."""
+def run_data_config(run_dir: Path | str) -> dict[str, Any]:
+    """The `data` section of a run's saved config.yaml; FileNotFoundError naming the file if absent."""
     path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {run_dir} is not a training run directory")
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False).get("data") or {}
+    return data if isinstance(data, dict) else {}
+
+
+def _hydra_cwd(run_dir: Path) -> Path | None:
+    """The working directory the run was launched from, when Hydra recorded it (.hydra/hydra.yaml)."""
+    path = run_dir / ".hydra" / "hydra.yaml"
     if not path.is_file():
         return None
     from omegaconf import OmegaConf
 
-    root = OmegaConf.load(path).get("data", {}).get("root")
-    return Path(root) if root else None
+    cwd = (OmegaConf.load(path).get("hydra") or {}).get("runtime", {}).get("cwd")
+    return Path(cwd) if cwd else None
+
+
+def dataset_candidates(run_dir: Path | str, root: str | Path) -> list[Path]:
+    """Where a run's data.root may be now: as given if absolute; else relative to the directory the run
+    was launched from (Hydra's record), this process's working directory, and the repository root."""
+    root, run_dir = Path(root), Path(run_dir)
+    if root.is_absolute():
+        return [root]
+    bases = [_hydra_cwd(run_dir), Path.cwd(), Path(__file__).resolve().parents[2]]
+    seen: list[Path] = []
+    for base in bases:
+        if base is not None and (candidate := (base / root).resolve()) not in seen:
+            seen.append(candidate)
+    return seen
+
+
+def run_dataset_root(run_dir: Path | str, marker: str | None = None) -> Path | None:
+    """The dataset a run trained on: the first of `dataset_candidates` holding meta/info.json (and
+    `marker`, a file relative to the root, when given), or None."""
+    try:
+        root = run_data_config(run_dir).get("root")
+    except FileNotFoundError:
+        return None
+    if not root:
+        return None
+    for candidate in dataset_candidates(run_dir, root):
+        if (candidate / "meta" / "info.json").is_file() and (
+            marker is None or (candidate / marker).is_file()
+        ):
+            return candidate
+    return None
