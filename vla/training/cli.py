@@ -203,9 +203,15 @@ def main(cfg: Any) -> int:
         print(f"vla: {stop}", file=sys.stderr, flush=True)
         return EXIT_STOPPED
     except Exception as exc:
+        from vla.training.user_errors import describe, is_user_error, traceback_requested
+
         remove_if_empty(hydra_dir)  # a run that failed at start-up leaves no empty directory
         if not report_once(exc):
             raise SystemExit(1) from None  # another rank reported it (Hydra would print it again)
+        if is_user_error(exc) and not traceback_requested():
+            # The message names the key or file and the fix; a traceback (and Hydra's note) would bury it.
+            print(describe(exc), file=sys.stderr, flush=True)
+            raise SystemExit(1) from None
         raise
     if summary.stopped_early:
         print(

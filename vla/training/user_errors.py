@@ -1,0 +1,110 @@
+"""Which failures are the user's to fix, and how train.py reports them: one short block, no traceback.
+
+A user error is a problem in what the user gave (configuration, data, checkpoint, launch, files and
+disk): its message already names the key or file and the fix, so a traceback would only bury it.
+Everything else is a bug and keeps its traceback. HYDRA_FULL_ERROR=1 (Hydra's switch) or
+VLA_TRACEBACK=1 shows the traceback of user errors too.
+
+Classified as user errors:
+- the project's own error types for bad input (USER_ERROR_TYPES), and missing / unreadable paths;
+- ValueError / TypeError raised by the project's own validation (the innermost frame is in vla/ or
+  dmuon/: a deliberate check, not a library failing on a bug), and OmegaConf's type/value errors;
+- a disk that is full (ENOSPC), wherever it surfaces;
+- a CheckpointError (a collective that failed on some rank) whose cause is one of the above.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+_REPO = Path(__file__).resolve().parents[2]
+_OUR_CODE = (str(_REPO / "vla") + os.sep, str(_REPO / "dmuon") + os.sep)
+TRACEBACK_SWITCHES = ("HYDRA_FULL_ERROR", "VLA_TRACEBACK")
+MAX_LINES = 6
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    from vla.data.errors import DatasetError
+    from vla.eval.exported import DamagedExportError
+    from vla.models.weights import CheckpointMismatchError
+    from vla.sim.metaworld_env import SimError
+    from vla.training.checkpoint import DamagedCheckpointError, NonFiniteWeightsError
+    from vla.training.cli import LaunchError
+    from vla.training.guards import NonFiniteMetricError
+    from vla.training.resume import ResumeMismatchError
+    from vla.training.rundir import RunDirectoryError
+    from vla.training.runlock import RunLockError
+
+    return (
+        DatasetError,
+        DamagedExportError,
+        CheckpointMismatchError,
+        SimError,
+        DamagedCheckpointError,
+        NonFiniteWeightsError,
+        LaunchError,
+        NonFiniteMetricError,
+        ResumeMismatchError,
+        RunDirectoryError,
+        RunLockError,
+        FileNotFoundError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+    )
+
+
+def _raised_in_our_code(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    filename = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return filename.startswith(_OUR_CODE)
+
+
+def is_user_error(exc: BaseException) -> bool:
+    """Whether `exc` (or the failure it wraps) is the user's to fix; see the module docstring."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vla.training.checkpoint import CheckpointError
+    from vla.training.loop import NonFiniteLossError
+
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    if isinstance(exc, (*_user_error_types(), NonFiniteLossError, OmegaConfBaseException)):
+        return True
+    if isinstance(exc, ValueError | TypeError) and _raised_in_our_code(exc):
+        return True
+    if isinstance(exc, CheckpointError) and exc.__cause__ is not None:
+        return is_user_error(exc.__cause__)
+    return False
+
+
+def traceback_requested() -> bool:
+    return any(os.environ.get(name, "") not in ("", "0") for name in TRACEBACK_SWITCHES)
+
+
+def describe(exc: BaseException) -> str:
+    """The block train.py prints: 'error: <message>' and the switch for the traceback, at most
+    MAX_LINES lines (a longer message is cut, saying how many lines were left out)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = exc.filename or "the output or data directory"
+        message = (
+            f"no space left on the device holding {where}. The last complete checkpoint is kept: free some "
+            "space (or point output_dir elsewhere), then resume with trainer.resume=auto"
+        )
+    else:
+        message = str(exc) or type(exc).__name__
+    lines = message.strip().splitlines() or [type(exc).__name__]
+    budget = MAX_LINES - 1
+    if len(lines) > budget:
+        lines = [
+            *lines[: budget - 1],
+            f"... ({len(lines) - budget + 1} more lines; VLA_TRACEBACK=1 shows all)",
+        ]
+    lines[0] = f"error: {lines[0]}"
+    return "\n".join([*lines, "(set VLA_TRACEBACK=1 or HYDRA_FULL_ERROR=1 for the traceback)"])
