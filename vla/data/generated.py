@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from vla.data import encode_watchdog
 from vla.data.errors import DatasetError
 
 
@@ -56,11 +57,15 @@ def write_atomically(root: Path | str, write: Callable[[Path], None], *, overwri
         )
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    # A stalled video encoder ends the process (vla.data.encode_watchdog): the staging dir goes with it.
+    handle = encode_watchdog.on_stall(lambda: shutil.rmtree(staging, ignore_errors=True))
     try:
         write(staging)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        encode_watchdog.forget(handle)
     if overwrite and root.exists():
         shutil.rmtree(root)
     try:
@@ -117,11 +122,13 @@ def generation_lock(root: Path | str, wait_s: float | None = None) -> Iterator[N
             os.close(fd)
             continue
         break
+    handle = encode_watchdog.on_stall(lambda: path.unlink(missing_ok=True))  # the flock dies with us
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}".encode())
         yield
     finally:
+        encode_watchdog.forget(handle)
         with contextlib.suppress(OSError):
             path.unlink()
         os.close(fd)

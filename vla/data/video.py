@@ -25,6 +25,7 @@ import av
 import numpy as np
 from av.video.reformatter import VideoReformatter
 
+from vla.data import encode_watchdog
 from vla.data.errors import (
     DatasetFileNotFoundError,
     DatasetFormatError,
@@ -93,6 +94,7 @@ class VideoEncoder:
         self.height = height
         self.num_frames = 0
         self.bytes_written = 0
+        self.codec = codec
         self._container = av.open(str(self.path), mode="w")
         self._stream = self._container.add_stream(
             ENCODERS[codec], rate=fps, options=encoder_options(codec, crf, gop)
@@ -111,7 +113,8 @@ class VideoEncoder:
         video_frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame), format="rgb24")
         video_frame.pts = self.num_frames
         self.num_frames += 1
-        self._mux(self._stream.encode(video_frame))
+        with encode_watchdog.guard(self.path, self.codec):  # a stalled encoder ends the run, naming the file
+            self._mux(self._stream.encode(video_frame))
 
     def _mux(self, packets: list[av.Packet]) -> None:
         for packet in packets:
@@ -121,8 +124,9 @@ class VideoEncoder:
     def close(self) -> None:
         if self._container is None:
             return
-        self._mux(self._stream.encode(None))
-        self._container.close()
+        with encode_watchdog.guard(self.path, self.codec):
+            self._mux(self._stream.encode(None))
+            self._container.close()
         self._container = None
 
     def __enter__(self) -> VideoEncoder:
