@@ -163,6 +163,24 @@ def test_a_fresh_run_never_overwrites_an_earlier_one(synthetic_dataset, tmp_path
     assert [r["step"] for r in metrics(fresh)] == [1, 2, 3] and 9.0 not in losses(fresh)
 
 
+def test_a_resume_starts_from_the_runs_saved_configuration(synthetic_dataset, tmp_path) -> None:
+    out = tmp_path / "run"
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset, out, "trainer.steps=4", "trainer.checkpoint_every=2", "trainer.ema_decay=0.9"
+        )
+    )
+    # Only the directory, the resume and the new length: model, data, optimizer and EMA come from config.yaml.
+    result = run_in_process([f"output_dir={out}", "trainer.resume=auto", "trainer.steps=6"])
+    assert (result.status, result.steps) == ("finished", 6)
+    assert (
+        "preset: pi0_tiny" in (out / "config.yaml").read_text()
+        and "ema_decay: 0.9" in (out / "config.yaml").read_text()
+    )
+    with pytest.raises(ResumeMismatchError, match=r"optim\.adamw_lr: 0\.003 -> 0\.5"):
+        run_in_process([f"output_dir={out}", "trainer.resume=auto", "trainer.steps=8", "optim.adamw_lr=0.5"])
+
+
 def _tensorboard_steps(out) -> dict[str, list[int]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -1,7 +1,7 @@
 """A bound on every video-encoder call: a stalled encoder ends the process with the file and the fix.
 
 PyAV's SVT-AV1 4.1.0 was seen to stop for good here in the middle of a recording (every thread in a
-futex wait, CPU idle; shared/reference/sim.md): nothing returns, so nothing above can recover. Each
+futex wait, CPU idle; issue 18): nothing returns, so nothing above can recover. Each
 encoder call (`VideoEncoder.add_frame` / `close`) runs inside `guard(path)`; a watchdog thread that
 sees one call last longer than `VLA_ENCODER_STALL_S` seconds (default 300: a healthy call takes
 milliseconds) prints one error naming the file, the codec and the fix, runs the registered cleanups

@@ -70,6 +70,49 @@ def replace_dict_overrides(cfg: Any, overrides: Iterable[str], schema: type) -> 
                 OmegaConf.update(cfg, key, value, merge=False)
 
 
+CONFIG_GROUPS = frozenset(
+    {"model", "optim", "data", "trainer", "parallel", "image_transforms", "experiment", "debug"}
+)
+
+
+def start_from_saved_config(cfg: Any, overrides: Iterable[str]) -> str | None:
+    """A resume (`trainer.resume` set) into an output_dir holding a run's config.yaml starts from that
+    configuration, with the command line's `key=value` overrides on top, so the original overrides need
+    not be repeated (vla.training.resume then checks what changed). A command line that selects config
+    groups (`optim=adamw`, `experiment=...`) composes afresh as before: what those groups set cannot be
+    told apart from defaults. Returns the line to log when the saved configuration was used."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    resume = str(OmegaConf.select(cfg, "trainer.resume", default="none")).strip().lower()
+    if resume in ("", "none", "null", "false"):
+        return None
+    saved_path = Path(str(cfg.output_dir)) / "config.yaml"
+    if not saved_path.is_file():
+        return None
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    if any(o.key_or_group in CONFIG_GROUPS or o.key_or_group.startswith("hydra") for o in parsed):
+        return None
+    saved = OmegaConf.load(saved_path)
+    given = [o.key_or_group.lstrip("+~") for o in parsed if not o.is_delete()]
+    with open_dict(saved):
+        for key in given:
+            OmegaConf.update(saved, key, OmegaConf.select(cfg, key), merge=False)
+        saved.output_dir = str(cfg.output_dir)
+    # A merge keeps the schema's types; dict-valued fields (camera maps, overrides) then take the saved
+    # dict exactly, as a `key={...}` override would.
+    merged = OmegaConf.merge(cfg, saved)
+    with open_dict(merged):
+        for path in dict_field_paths(TrainConfig):
+            if OmegaConf.select(saved, path) is not None:
+                OmegaConf.update(merged, path, OmegaConf.select(saved, path), merge=False)
+    with open_dict(cfg):
+        for key in saved:
+            cfg[key] = merged[key]
+    shown = ", ".join(k for k in given if k not in ("output_dir", "trainer.resume")) or "none"
+    return f"resume: starting from {saved_path} (command-line changes: {shown})"
+
+
 def resolve_run_dir(cfg: Any) -> None:
     """For compose() outside @hydra.main: set hydra.runtime.output_dir as Hydra's run_job would (the
     absolute hydra.run.dir), resolve output_dir against it, and drop the `hydra` node."""
@@ -195,6 +238,8 @@ def main(cfg: Any) -> int:
     try:
         check_launch()
         replace_dict_overrides(cfg, HydraConfig.get().overrides.task, TrainConfig)
+        if note := start_from_saved_config(cfg, HydraConfig.get().overrides.task):
+            print(note, flush=True)
         train_config = to_train_config(cfg)
         if hydra_dir and os.path.abspath(train_config.output_dir) != os.path.abspath(hydra_dir):
             remove_if_empty(hydra_dir)  # output_dir=... was given: Hydra's directory stays unused
@@ -234,6 +279,7 @@ __all__ = [
     "report_once",
     "resolve_run_dir",
     "schema_node",
+    "start_from_saved_config",
 ]
 
 
@@ -269,5 +315,6 @@ def compose_many(override_sets: list[list[str]], config_dir: str | None = None) 
             cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
             resolve_run_dir(cfg)  # output_dir as a run of train.py would get it (no directory is made)
             replace_dict_overrides(cfg, overrides, TrainConfig)
+            start_from_saved_config(cfg, overrides)
             configs.append(to_train_config(cfg))
     return configs
