@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from _trainer_runs import run_in_process, tiny_overrides
 
 from vla.training.cli import compose, compose_many
@@ -37,14 +38,14 @@ def test_every_group_combination_composes_and_validates() -> None:
             data,
             parallel,
         )
-        validate(cfg, world_size=1 if parallel == "none" else 2)
-    assert len(combos) == 7 * 3 * 3 * 3  # 7 model presets, 3 optimizers, 3 data sources, 3 parallel modes
+        validate(cfg, world_size=1 if parallel in ("none", "auto") else 2)
+    assert len(combos) == 7 * 3 * 3 * 4  # 7 model presets, 3 optimizers, 3 data sources, 4 parallel modes
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))
 def test_experiments_and_debug_configs_compose(experiment: str) -> None:
     cfg = compose([f"experiment={experiment}", "data.root=/datasets/x"])
-    validate(cfg, world_size=1 if cfg.parallel.mode == "none" else 2)
+    validate(cfg, world_size=1 if cfg.parallel.mode in ("none", "auto") else 2)
     assert compose(["debug=fast"]).model.preset == "pi0_tiny"
 
 
@@ -72,6 +73,23 @@ def test_command_line_overrides_reach_the_schema() -> None:
 def test_bad_values_fail_while_composing(overrides: list[str], match: str) -> None:
     with pytest.raises(Exception, match=match):
         compose(overrides)
+
+
+def test_parallel_auto_is_the_default_and_resolves_by_the_launch() -> None:
+    from vla.models import build_policy
+    from vla.training.parallel import resolve_auto
+
+    parallel = compose([]).parallel
+    assert parallel.mode == "auto"
+    policy = build_policy("pi0_tiny")
+    assert resolve_auto(parallel, 1, policy)[0].mode == "none"
+    resolved, note = resolve_auto(parallel, 4, policy)
+    assert resolved.mode == "fsdp2" and note == "parallel=auto: 4 process(es) -> parallel=fsdp2"
+    assert resolve_auto(parallel, 4, torch.nn.Linear(2, 2))[0].mode == "ddp"  # nothing FSDP2 could shard
+    assert resolve_auto(compose(["parallel=ddp"]).parallel, 4, policy) == (
+        compose(["parallel=ddp"]).parallel,
+        None,
+    )
 
 
 @pytest.mark.parametrize(

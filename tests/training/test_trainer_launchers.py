@@ -25,10 +25,12 @@ def _run(command: list[str], timeout: float = 400) -> subprocess.CompletedProces
 def test_accelerate_launch_runs_two_processes_on_cpu(synthetic_dataset, tmp_path) -> None:
     accelerate = [sys.executable, "-m", "accelerate.commands.launch"]
     out = tmp_path / "fsdp2"
-    overrides = tiny_overrides(synthetic_dataset, out, "trainer.steps=2", "parallel=fsdp2")
+    # No parallel=...: the default (auto) shards with FSDP2 on several processes.
+    overrides = tiny_overrides(synthetic_dataset, out, "trainer.steps=2")
     result = _run([*accelerate, "--multi_gpu", "--num_processes", "2", "train.py", *overrides])
     assert result.returncode == 0, result.stderr[-3000:]
     assert summary(out)["world_size"] == 2 and summary(out)["layout"]["dtensor_params"] > 0
+    assert "parallel=auto: 2 process(es) -> parallel=fsdp2" in result.stdout
 
     # Without --multi_gpu Accelerate starts one process on a machine without GPUs: refused, naming the fix.
     single = _run(

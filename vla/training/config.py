@@ -18,7 +18,7 @@ from vla.data.augment import ImageTransformsConfig
 from vla.data.scan import ON_BAD_FRAMES
 
 OPTIMIZERS = ("adamw", "muon", "dmuon")
-PARALLEL_MODES = ("none", "ddp", "fsdp2")
+PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
 DATA_SOURCES = ("synthetic", "lerobot", "metaworld")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "constant", "linear")
@@ -375,9 +375,10 @@ class TrainerConfig:
 
 @dataclass
 class ParallelConfig:
-    """How ranks share the model. fsdp2 shards each policy unit (layer pairs, vision blocks)."""
+    """How ranks share the model. fsdp2 shards each policy unit (layer pairs, vision blocks); auto (the
+    default): none on one process, fsdp2 on several (ddp for a policy without shard units)."""
 
-    mode: str = "none"
+    mode: str = "auto"
     reshard_after_forward: bool = True
     backend: str | None = None  # default: nccl on CUDA, gloo on CPU
     timeout_s: int = 600

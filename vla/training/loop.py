@@ -38,7 +38,16 @@ from vla.training.guards import (
 )
 from vla.training.noise import flow_matching_inputs
 from vla.training.optim import apply_schedule_at, build_optimizer, build_scheduler, effective_warmup
-from vla.training.parallel import is_sharded, prepare, reshard, setup_accelerator, shard_unit_classes, unwrap
+from vla.training.parallel import (
+    is_sharded,
+    launched_world_size,
+    prepare,
+    reshard,
+    resolve_auto,
+    setup_accelerator,
+    shard_unit_classes,
+    unwrap,
+)
 from vla.training.resume import check_resume, dataset_fingerprint, flatten, truncate_metrics
 from vla.training.rundir import claim_run_directory_collective
 from vla.training.runlock import acquire_run_lock
@@ -155,6 +164,7 @@ class Trainer:
         policy = build_policy(cfg.model.preset, **cfg.model.policy_overrides())
         if cfg.model.weights:
             _load_weights(policy, cfg.model.weights, cfg.model.weights_format)
+        cfg.parallel, self._parallel_note = resolve_auto(cfg.parallel, launched_world_size(), policy)
         self.accelerator = setup_accelerator(cfg.parallel, trainer.precision, shard_unit_classes(policy))
         acc = self.accelerator
         self.rank, self.world = acc.process_index, acc.num_processes
@@ -451,6 +461,8 @@ class Trainer:
             f"run {self.cfg.run_name}: {self.cfg.model.preset} with {self.cfg.optim.name} on {self.world} "
             f"process(es) ({self.cfg.parallel.mode}), global batch {cfg.batch_size}, output {self.output_dir}"
         )
+        if self._parallel_note:
+            self.tracker.print(self._parallel_note)
         self.tracker.print(self.routing)
         for note in self.data.notes:
             self.tracker.print(note)

@@ -1,12 +1,15 @@
 """Devices and processes: the one place that talks to Accelerate.
 
-`setup_accelerator` returns an Accelerator for parallel=none | ddp | fsdp2. `prepare` wraps the
+`resolve_auto` turns parallel=auto into none / fsdp2 / ddp for the launch; `setup_accelerator` returns
+an Accelerator for parallel=none | ddp | fsdp2. `prepare` wraps the
 policy and the optimizer (DDP, or FSDP2 on every `policy.shard_units()` class plus the root) and
 registers the policy's non-forward entry points with FSDP2 so they gather parameters as forward does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +24,31 @@ from accelerate.utils import (
 from torch import nn
 
 from vla.training.config import ParallelConfig
+
+
+def resolve_auto(
+    parallel: ParallelConfig, world_size: int, policy: nn.Module
+) -> tuple[ParallelConfig, str | None]:
+    """parallel.mode=auto made concrete for a launch of `world_size` processes: none on one, fsdp2 on
+    several (ddp when the policy has no unit FSDP2 could shard). Returns the config and a log line."""
+    if parallel.mode != "auto":
+        return parallel, None
+    if world_size <= 1:
+        mode = "none"
+    else:
+        units = policy.shard_units() if hasattr(policy, "shard_units") else []
+        mode = "fsdp2" if list(units) else "ddp"
+    return dataclasses.replace(
+        parallel, mode=mode
+    ), f"parallel=auto: {world_size} process(es) -> parallel={mode}"
+
+
+def launched_world_size() -> int:
+    """The number of processes torchrun / accelerate launch started (WORLD_SIZE), 1 without a launcher."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def setup_accelerator(parallel: ParallelConfig, precision: str, shard_unit_classes: list[str]) -> Accelerator:
