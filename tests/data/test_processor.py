@@ -149,7 +149,7 @@ def test_config_errors_name_the_missing_feature(image_dataset) -> None:
         BatchProcessor.from_dataset(make_config(state_key="observation.joints"), meta)
     with pytest.raises(ValueError, match="max_action_dim"):
         BatchProcessor.from_dataset(make_config(max_action_dim=1), meta)
-    with pytest.raises(ValueError, match="not in model_cameras"):
+    with pytest.raises(ValueError, match="which are not cameras of the model"):
         BatchProcessor.from_dataset(make_config(model_cameras=["base_0_rgb"]), meta)
     processor = BatchProcessor.from_dataset(make_config(), meta)
     no_window = LeRobotDataset(image_dataset.root)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,17 @@ CASES = [
         ["data.image_transforms.enable=true", "+data.image_transforms.tfs={x: {type: Blur}}"],
         "Blur",
     ),
+    # Full pi0 on this machine: the dataset's cameras, then memory, are checked before the model is built.
+    (
+        "pi0_without_camera_map",
+        ["model=pi0"],
+        "(data.camera_map) targets ['top', 'wrist']",
+    ),
+    (
+        "pi0_too_big",
+        ["model=pi0", "data.camera_map={observation.images.top: base_0_rgb}"],
+        "this run needs about",
+    ),
     ("unknown_override_key", ["trainer.stepz=3"], "stepz"),
     ("not_an_int", ["trainer.steps=abc"], "trainer.steps"),
     ("unknown_group_option", ["optim=sgd"], "optim"),
@@ -62,7 +74,9 @@ def test_a_user_error_is_one_short_block(synthetic_dataset, tmp_path, case, over
         for o in overrides
     ]
     args = [*TINY, f"data.root={synthetic_dataset}", f"output_dir={tmp_path / 'run'}", *overrides]
+    start = time.monotonic()
     result = _train(args, cwd=tmp_path)
+    elapsed = time.monotonic() - start
     stderr = result.stderr.strip()
     assert result.returncode == 1, (result.returncode, stderr[-2000:])
     assert "Traceback" not in stderr, stderr[-3000:]
@@ -73,6 +87,8 @@ def test_a_user_error_is_one_short_block(synthetic_dataset, tmp_path, case, over
     assert not (tmp_path / "run").exists() or case == "resume_missing_checkpoint", (
         "a failed start left a run dir"
     )
+    if case.startswith("pi0_"):  # no 45 s / 12 GB model build first (the imports alone take ~6 s here)
+        assert elapsed < 30, elapsed
 
 
 def test_a_bug_keeps_its_traceback_and_the_switch_shows_a_user_errors(synthetic_dataset, tmp_path) -> None:

@@ -77,7 +77,11 @@ class ProcessorConfig:
         )
         unknown = [name for name in self.camera_map.values() if name not in cameras]
         if unknown:
-            raise ValueError(f"camera_map targets {unknown}, which are not in model_cameras {cameras}.")
+            raise ValueError(
+                f"the camera map (data.camera_map) targets {unknown}, which are not cameras of the model "
+                f"{cameras}. Map each dataset camera key to one of them, e.g. "
+                f"'data.camera_map={{<dataset camera key>: {cameras[0]}}}'"
+            )
         if len(set(self.camera_map.values())) != len(self.camera_map):
             raise ValueError(f"camera_map maps two dataset keys to one model camera: {self.camera_map}")
         return cameras
@@ -284,7 +288,7 @@ def validate_dataset(config: ProcessorConfig, meta: DatasetMetadata) -> None:
     missing_cameras = [k for k in config.camera_map if k not in cameras]
     if missing_cameras:
         raise MissingFeatureError(
-            f"ProcessorConfig.camera_map expects camera(s) {missing_cameras}, but {meta.root} has cameras "
+            f"the camera map (data.camera_map) expects camera(s) {missing_cameras}, but {meta.root} has cameras "
             f"{cameras} (all features: {sorted(meta.features)}). Map the dataset's camera keys to model "
             "cameras, e.g. camera_map={" + ", ".join(f"'{k}': '<model camera>'" for k in cameras) + "}."
         )

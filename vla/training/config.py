@@ -328,9 +328,10 @@ class TrainerConfig:
     checkpoint_every: int = 50
     keep_last: int = 2
     resume: str = "none"
-    overwrite: bool = (
-        False  # a fresh run into a dir holding another run moves that run aside (vla.training.rundir)
-    )
+    # A fresh run into a dir holding another run moves that run aside (vla.training.rundir).
+    overwrite: bool = False
+    # Refuse a run whose estimated memory exceeds the device's (vla.training.preflight).
+    check_memory: bool = True
     export_safetensors: bool = True
     nan_policy: str = "stop"
     max_skipped_steps: int = 0

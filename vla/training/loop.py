@@ -13,6 +13,7 @@ the checkpoint's (vla.training.resume).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -160,8 +161,25 @@ class Trainer:
 
         self.cfg = cfg
         trainer = cfg.trainer
+        # Cheap checks first (metadata, memory): a run that cannot work fails before the model is built.
+        from vla.models.factory import resolve_config
+        from vla.training.preflight import check_dataset_before_model, check_memory
+
+        policy_config = resolve_config(cfg.model.preset, **cfg.model.policy_overrides())
+        check_dataset_before_model(cfg, policy_config)
+        planned, _ = resolve_auto(cfg.parallel, launched_world_size(), None)
+        self._memory_note = (
+            check_memory(
+                dataclasses.replace(cfg, parallel=planned),
+                policy_config,
+                launched_world_size(),
+                "cuda" if torch.cuda.is_available() else "cpu",
+            )
+            if trainer.check_memory
+            else None
+        )
         torch.manual_seed(trainer.seed)  # identical initial weights on every rank
-        policy = build_policy(cfg.model.preset, **cfg.model.policy_overrides())
+        policy = build_policy(policy_config)
         if cfg.model.weights:
             _load_weights(policy, cfg.model.weights, cfg.model.weights_format)
         cfg.parallel, self._parallel_note = resolve_auto(cfg.parallel, launched_world_size(), policy)
@@ -463,6 +481,8 @@ class Trainer:
         )
         if self._parallel_note:
             self.tracker.print(self._parallel_note)
+        if self._memory_note:
+            self.tracker.print(self._memory_note)
         self.tracker.print(self.routing)
         for note in self.data.notes:
             self.tracker.print(note)

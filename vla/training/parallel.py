@@ -30,13 +30,14 @@ def resolve_auto(
     parallel: ParallelConfig, world_size: int, policy: nn.Module
 ) -> tuple[ParallelConfig, str | None]:
     """parallel.mode=auto made concrete for a launch of `world_size` processes: none on one, fsdp2 on
-    several (ddp when the policy has no unit FSDP2 could shard). Returns the config and a log line."""
+    several (ddp when the policy has no unit FSDP2 could shard; policy=None: not known yet, fsdp2).
+    Returns the config and a log line."""
     if parallel.mode != "auto":
         return parallel, None
     if world_size <= 1:
         mode = "none"
     else:
-        units = policy.shard_units() if hasattr(policy, "shard_units") else []
+        units = [None] if policy is None else (policy.shard_units() if hasattr(policy, "shard_units") else [])
         mode = "fsdp2" if list(units) else "ddp"
     return dataclasses.replace(
         parallel, mode=mode

@@ -33,6 +33,7 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     from vla.training.checkpoint import DamagedCheckpointError, NonFiniteWeightsError
     from vla.training.cli import LaunchError
     from vla.training.guards import NonFiniteMetricError
+    from vla.training.preflight import InsufficientMemoryError
     from vla.training.resume import ResumeMismatchError
     from vla.training.rundir import RunDirectoryError
     from vla.training.runlock import RunLockError
@@ -46,6 +47,7 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
         NonFiniteWeightsError,
         LaunchError,
         NonFiniteMetricError,
+        InsufficientMemoryError,
         ResumeMismatchError,
         RunDirectoryError,
         RunLockError,
