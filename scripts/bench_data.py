@@ -34,6 +34,7 @@ import torch
 
 from vla.data import BatchProcessor, LeRobotDataset, ProcessorConfig, make_dataloader
 from vla.data.synthetic import SyntheticConfig, generate_synthetic_dataset
+from vla.help_format import HelpFormatter
 
 STORAGES = {"png": (False, "av1"), "av1": (True, "av1"), "h264": (True, "h264")}
 # mode -> (item image dtype, ProcessorConfig.uint8_images, ProcessorConfig.resize_on_finalize)
@@ -122,9 +123,7 @@ def bench_getitem(root: Path, dtype: str, cache_mb: float, args: argparse.Namesp
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--episodes", type=int, default=12)
     parser.add_argument("--episode-length", type=int, default=40)
     parser.add_argument("--image-size", type=int, default=96, help="stored camera resolution (square)")

@@ -27,6 +27,7 @@ import torch
 from dmuon import choose_algorithm, newton_schulz, ns_flops
 from dmuon.kernels import syrk, syrk_backend, triton_available
 from dmuon.profiling import measure
+from vla.help_format import HelpFormatter
 
 # pi0-like matrix shapes at the scale of this machine (PaliGemma width 512 / MLP 4096, expert width 256
 # / MLP 1024, 8 heads x 64, one KV head), plus the two squares/rectangles the issue asks for.
@@ -244,9 +245,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32", help="NS dtype (cuda only)")
     parser.add_argument("--shapes", type=parse_shapes, default=None)

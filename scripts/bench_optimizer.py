@@ -40,6 +40,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from vla.help_format import HelpFormatter
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -236,9 +238,7 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--preset", default="pi0_small")
     parser.add_argument(

@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vla.help_format import HelpFormatter
+
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("data_s", "forward_backward_s", "optimizer_s", "optimizer_comm_s")
 
@@ -63,9 +65,7 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="pi0_small")
     parser.add_argument("--steps", type=int, default=6, help="measured steps (after --warmup)")
     parser.add_argument("--warmup", type=int, default=2)

@@ -27,14 +27,13 @@ from vla.eval.closed_loop import (
     evaluate_closed_loop,
     write_report,
 )
+from vla.help_format import HelpFormatter
 from vla.sim import DEFAULT_TASKS, SimError, parse_tasks
 from vla.sim.demos import training_seeds
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("run_dir", nargs="?", type=Path, help="a training run directory (omit with --policy)")
     parser.add_argument(
         "--policy", choices=["expert", "zero", "random"], help="evaluate a built-in policy instead"

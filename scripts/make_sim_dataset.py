@@ -18,13 +18,12 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vla.data.errors import DatasetError
+from vla.help_format import HelpFormatter
 from vla.sim import DemoConfig, SimError, generate_sim_dataset
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     defaults = DemoConfig()  # data=metaworld's settings
     parser.add_argument(
         "--tasks", default=",".join(defaults.tasks), help="comma-separated MetaWorld v3 tasks"

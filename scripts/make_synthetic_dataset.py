@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 from vla.data.synthetic import CAMERAS, SyntheticConfig, generate_synthetic_dataset
+from vla.help_format import HelpFormatter
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--root", type=Path, default=Path("data/synthetic"), help="dataset folder to create")
     parser.add_argument("--episodes", type=int, default=30)
     parser.add_argument("--episode-length", type=int, default=50, help="frames per episode")

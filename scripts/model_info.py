@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from vla.help_format import HelpFormatter
 from vla.models import PRESETS, PolicyConfig, build_policy
 from vla.models.naming import parameter_role
 from vla.types import Batch, Observation
@@ -105,9 +106,7 @@ def time_train_step(name: str, batch_size: int, prompt_len: int, repeats: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--json", type=Path, help="write the full report (every hidden matrix) to this file")
     parser.add_argument(
         "--presets", nargs="*", default=sorted(PRESETS), help="presets to report (default: all)"

@@ -86,6 +86,7 @@ import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
+from vla.help_format import HelpFormatter
 
 ELEMENT_BYTES = 4
 LAYOUTS = ("flat", "hsdp")
@@ -378,9 +379,7 @@ def plot(rows: list[dict], path: Path, title: str = "") -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--preset", default="pi0")
     parser.add_argument("--worlds", default="8,16,64,128,1024")
     parser.add_argument("--layouts", default="flat,hsdp", help="comma list of flat, hsdp")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,3 +35,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     ).stdout.strip()
     assert extracted == _opening_commands()[1]
     assert "README.md" in script
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "script", sorted(p.name for p in (Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+)
+def test_every_script_help_shows_its_defaults(script: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, str(root / "scripts" / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "(default:" in result.stdout, script

@@ -60,3 +60,19 @@ def test_the_launchers_process_count_is_read_from_its_command_line(monkeypatch) 
         cli.check_launch()
     monkeypatch.setenv("WORLD_SIZE", "2")  # a real multi-process launch
     cli.check_launch()
+
+
+def test_an_unused_hydra_directory_goes_with_the_parents_it_leaves_empty(tmp_path, monkeypatch) -> None:
+    from vla.training.cli import remove_if_empty
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs" / "pi0_tiny-dmuon" / "2026-12-01_10-00-00").mkdir(parents=True)
+    remove_if_empty("outputs/pi0_tiny-dmuon/2026-12-01_10-00-00")
+    assert list(tmp_path.iterdir()) == []  # no empty outputs/ left in the checkout
+    (tmp_path / "outputs" / "a" / "t1").mkdir(parents=True)
+    (tmp_path / "outputs" / "b" / "run.log").parent.mkdir(parents=True)
+    (tmp_path / "outputs" / "b" / "run.log").write_text("kept")
+    remove_if_empty(tmp_path / "outputs" / "a" / "t1")
+    assert sorted(p.name for p in (tmp_path / "outputs").iterdir()) == ["b"]
+    remove_if_empty(tmp_path)  # never the working directory itself
+    assert tmp_path.is_dir()

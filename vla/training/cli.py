@@ -128,12 +128,22 @@ def resolve_run_dir(cfg: Any) -> None:
         cfg.output_dir = output_dir
 
 
-def remove_if_empty(path: str | Path | None) -> None:
-    """Remove a directory Hydra created for this run if nothing was written into it."""
+def remove_if_empty(path: str | Path | None, levels: int = 3) -> None:
+    """Remove a directory Hydra created for this run if nothing was written into it, and then its
+    parents that this left empty (Hydra's `outputs/<run name>/`, `outputs/`), at most `levels` of them
+    and never the working directory."""
     if not path:
         return
-    with contextlib.suppress(OSError):
-        Path(path).rmdir()  # only succeeds on an empty directory
+    current = Path(path).absolute()
+    cwd = Path.cwd().absolute()
+    for _ in range(levels + 1):
+        if current == cwd or cwd.is_relative_to(current):
+            return
+        try:
+            current.rmdir()  # only succeeds on an empty directory
+        except OSError:
+            return
+        current = current.parent
 
 
 def hydra_output_dir() -> str | None:
