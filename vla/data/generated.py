@@ -186,11 +186,20 @@ def _ensure_locked(
                 f"{root} has the marker {marker} but no meta/info.json: it is damaged; delete {root} to "
                 "regenerate it"
             )
-        changes = config_differences(saved.get("config") or {}, config)
+        recorded = saved.get("config") or {}
+        changes = config_differences(recorded, config)
+        # Overrides that select the recorded dataset (keys the generator records but the config does not
+        # expose, like a recorder version, cannot be matched: those need a new root).
+        match = " ".join(
+            f"{config_key}.{k}={json.dumps(recorded[k], separators=(',', ':'))}"
+            for k in sorted(set(recorded) | set(config))
+            if recorded.get(k) != config.get(k) and k in config and k in recorded
+        )
         raise DatasetError(
             f"{root} holds a dataset generated with other settings ({'; '.join(changes) or saved.get('generator')}); "
-            f"refusing to overwrite it. Point data.root at another directory for these {config_key} "
-            f"settings, or delete {root} yourself to regenerate it."
+            f"refusing to overwrite it. To use it, match its settings ({match or 'not possible: regenerate'}); "
+            f"for these {config_key} settings point data.root at another directory, or delete {root} yourself "
+            "to regenerate it."
         )
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise DatasetError(

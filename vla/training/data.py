@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,18 @@ def _generate(cfg: DataConfig, root: Path) -> None:
         fps=s.fps,
         seed=s.seed,
     )
+    from vla.data.synthetic import MARKER_PATH as SYNTHETIC_MARKER
+
+    fresh = not (root / SYNTHETIC_MARKER).is_file()
+    start = time.perf_counter()
     ensure_synthetic_dataset(root, synthetic)
+    if fresh:
+        print(
+            f"generated the synthetic dataset in {root} ({s.episodes} episodes of {s.episode_length} frames, "
+            f"{s.image_size} px, {time.perf_counter() - start:.0f} s); later runs with these data.synthetic "
+            "settings reuse it",
+            flush=True,
+        )
 
 
 def dataset_root(cfg: DataConfig, rank: int) -> Path:
