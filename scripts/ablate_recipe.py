@@ -42,6 +42,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "openpi_augmentation": ("openpi's crop, rotation and colour jitter", ["image_transforms=openpi"]),
     "ema": ("EMA of the weights (0.999), evaluated with it", ["trainer.ema_decay=0.999"]),
     "steps_4000": ("twice the steps", ["trainer.steps=4000"]),
+    "steps_8000": ("four times the steps (8000; the schedule spans them)", ["trainer.steps=8000"]),
+    "demos_200_steps_8000": (
+        "200 demonstrations per task and 8000 steps",
+        ["data.metaworld.episodes=200", "data.root=data/metaworld_200", "trainer.steps=8000"],
+    ),
     "patch_8": ("8-px patches (64 tokens per camera)", ["model.overrides={vision: {patch_size: 8}}"]),
     "resolution_96": (
         "96-px images (recorded anew), 16-px patches",
