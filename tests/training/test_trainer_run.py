@@ -216,6 +216,25 @@ def test_gradient_accumulation_matches_the_full_batch(synthetic_dataset, tmp_pat
     )
 
 
+def test_a_resume_with_other_gradient_accumulation_is_applied_not_announced_and_failed(
+    synthetic_dataset, tmp_path
+) -> None:
+    common = ["trainer.checkpoint_every=2", "trainer.val_every=100"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run_in_process(tiny_overrides(synthetic_dataset, straight, "trainer.steps=6", *common))
+    run_in_process(tiny_overrides(synthetic_dataset, resumed, "trainer.steps=6", *common))
+    # Re-run the last 2 steps from step 4 with the same global batch in 2 micro-batches.
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset, resumed, "trainer.steps=6", *common, "trainer.grad_accum=2",
+            f"trainer.resume={resumed / 'checkpoints' / 'step_00000004'}",
+        )
+    )  # fmt: skip
+    torch.testing.assert_close(
+        torch.tensor(losses(resumed)), torch.tensor(losses(straight)), rtol=1e-5, atol=0
+    )
+
+
 def test_openvla_presets_run_end_to_end_with_defaults(synthetic_dataset, tmp_path) -> None:
     from vla.eval.policy_runner import load_exported_policy
 

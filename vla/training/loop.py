@@ -306,15 +306,33 @@ class Trainer:
         self.skipped = int(state.get("skipped", 0))
         self.train_seconds = float(state.get("train_seconds", 0.0))
         loader_state = dict(state["loader"])
-        if loader_state.get("world_size") != self.world:
-            # Same global batch on another world size: the global batches of a step are the same
-            # samples (one permutation, dealt round-robin), so the position carries over.
+        if loader_state.get("world_size") != self.world or loader_state.get("batch_size") != self.micro_batch:
+            # Same global batch on another world size or grad_accum: one permutation is dealt round-robin,
+            # so the samples consumed so far (micro-batches x micro-batch x ranks) carry over; only the
+            # micro-batch count of the epoch is rescaled.
             if state.get("global_batch") != self.cfg.trainer.batch_size:
                 raise ValueError(
                     f"checkpoint {path} was trained with global batch {state.get('global_batch')}; resuming "
                     f"with trainer.batch_size={self.cfg.trainer.batch_size} would change the trajectory"
                 )
-            loader_state.update(world_size=self.world, batch_size=self.micro_batch)
+            consumed = (
+                int(loader_state["batches_in_epoch"])
+                * int(loader_state["batch_size"])
+                * int(loader_state["world_size"])
+            )
+            per_micro_step = self.micro_batch * self.world
+            if consumed % per_micro_step:
+                raise ValueError(
+                    f"checkpoint {path} stopped {consumed} samples into its epoch, not a whole number of "
+                    f"micro-batches of {self.micro_batch} x {self.world} ranks (trainer.grad_accum="
+                    f"{self.cfg.trainer.grad_accum}); resume with the checkpoint's trainer.grad_accum and "
+                    "world size, or from another checkpoint"
+                )
+            loader_state.update(
+                world_size=self.world,
+                batch_size=self.micro_batch,
+                batches_in_epoch=consumed // per_micro_step,
+            )
         self.data.train.load_state_dict(loader_state)
         self.tracker.print(f"resumed from {path} at step {self.step}")
         return path
