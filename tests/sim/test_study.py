@@ -98,3 +98,18 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 7
     assert "training ..." not in second.stdout
+
+    # scripts/diagnose_policy.py on one of these runs: both measurements come out, well-formed.
+    report = tmp_path / "diagnosis.json"
+    diagnose = [sys.executable, str(ROOT / "scripts/diagnose_policy.py"), str(out / "runs" / "adamw_lr0.001_seed0"),
+                "--task=reach-v3", "--seeds=2", "--later=2", "--probe-train=6", f"--json={report}"]  # fmt: skip
+    result = subprocess.run(diagnose, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    diagnosis = json.loads(report.read_text())
+    for seeds in ("training_seeds", "new_seeds"):
+        checks = diagnosis["actions"][seeds]
+        assert set(checks) == {"first_frame", "after_2_expert_steps"}
+        assert all(len(c["corr"]) == 4 and len(c["mae"]) == 4 for c in checks.values())
+    probe = diagnosis["goal_probe"]
+    assert probe["feature_dims"] > 0 and len(probe["6_new_layouts"]["r2_xyz"]) == 3
+    assert "goal probe fitted on 6_new_layouts" in result.stdout
