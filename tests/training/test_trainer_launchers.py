@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from _trainer_runs import ROOT, metrics, summary, tiny_overrides
@@ -94,3 +95,22 @@ def test_ctrl_c_under_the_launcher_ends_cleanly(synthetic_dataset, tmp_path) -> 
     assert "vla.launch: stopped by SIGINT" in output
     saved = sorted((out / "checkpoints").iterdir())
     assert len(saved) == 1 and int(saved[0].name.split("_")[1]) == len(metrics(out))
+
+
+@pytest.mark.timeout(600)
+def test_the_console_script_trains_from_any_directory(synthetic_dataset, tmp_path) -> None:
+    script = Path(sys.executable).parent / "vla-train"  # installed by `pip install -e .` ([project.scripts])
+    assert script.is_file(), f"{script} is missing: reinstall the package (pip install -e .)"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [str(script), *tiny_overrides(synthetic_dataset, out, "trainer.steps=2")],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=ENV,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(out)["steps"] == 2 and list(elsewhere.iterdir()) == []  # nothing written where it ran

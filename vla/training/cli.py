@@ -276,11 +276,31 @@ def main(cfg: Any) -> int:
     return EXIT_FINISHED
 
 
+def console_main() -> None:
+    """The `vla-train` console script: train.py's @hydra.main with the repository's configs/, so it runs
+    from any directory (outputs and generated data land under the working directory, as with train.py)."""
+    import hydra
+
+    from vla.training.guards import EXIT_FINISHED
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    register_configs()
+    code = [EXIT_FINISHED]
+    config_dir = str(Path(__file__).resolve().parents[2] / CONFIG_DIR)
+
+    def body(cfg: Any) -> None:
+        code[0] = main(cfg)
+
+    hydra.main(version_base=None, config_path=config_dir, config_name="config")(body)()
+    sys.exit(code[0])
+
+
 __all__ = [
     "LaunchError",
     "check_launch",
     "compose",
     "compose_many",
+    "console_main",
     "dict_field_paths",
     "main",
     "register_configs",
