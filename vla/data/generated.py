@@ -41,6 +41,12 @@ def read_marker(root: Path | str, marker: str) -> dict[str, Any] | None:
         ) from exc
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_atomically(root: Path | str, write: Callable[[Path], None], *, overwrite: bool = False) -> Path:
     """Run `write(staging_dir)` in a sibling temporary folder, then rename it to `root`.
 
@@ -57,6 +63,7 @@ def write_atomically(root: Path | str, write: Callable[[Path], None], *, overwri
         )
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes it private (0700): give it a normal dir's mode
     # A stalled video encoder ends the process (vla.data.encode_watchdog): the staging dir goes with it.
     handle = encode_watchdog.on_stall(lambda: shutil.rmtree(staging, ignore_errors=True))
     try:
