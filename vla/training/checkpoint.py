@@ -293,6 +293,14 @@ def _state_for(model: nn.Module, optimizer: Optimizer | None) -> dict[str, Any]:
     return {"model": model_sd, "optim": optim_sd}
 
 
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """The xxh3-128 digest of a manifest's content (keys sorted), without its own digest."""
+    import xxhash
+
+    text = json.dumps({k: v for k, v in manifest.items() if k != "self_digest"}, sort_keys=True)
+    return f"xxh3_128:{xxhash.xxh3_128(text.encode()).hexdigest()}"
+
+
 def _read_manifest(path: Path) -> dict[str, Any] | None:
     """The manifest of a complete checkpoint directory, else None."""
     try:
@@ -474,6 +482,11 @@ class CheckpointManager:
             raise damaged(manifest_path, f"cannot be read ({_describe(exc)}): truncated or garbled") from exc
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             raise damaged(manifest_path, f"is not a {FORMAT} manifest (not a complete checkpoint)")
+        recorded_self = manifest.get("self_digest")
+        if (
+            recorded_self is not None or manifest.get("version", 1) >= 2
+        ) and recorded_self != _manifest_digest({k: v for k, v in manifest.items() if k != "self_digest"}):
+            raise damaged(manifest_path, "does not match its own digest: its content changed after the save")
         for key in ("step", "world_size", "optimizer", "scheduler"):
             if key not in manifest:
                 raise damaged(manifest_path, f"has no {key!r} entry (garbled)")
@@ -722,7 +735,9 @@ class CheckpointManager:
         return {name: entry for part in gathered for name, entry in part.items()}
 
     def _publish(self, tmp: Path, final: Path, step: int, manifest: Mapping[str, Any]) -> None:
-        # Every file with its size and digest (`verify` checks both); the manifest itself is written last.
+        # Every file with its size and digest (`verify` checks both); the manifest itself is written last,
+        # with a digest of its own content (a flipped digit in "step" must not pass as another step).
+        manifest = {**manifest, "self_digest": _manifest_digest(manifest)}
         _write_durably(tmp / MANIFEST, lambda f: f.write(json.dumps(manifest, indent=2).encode()))
         _fsync_dir(tmp)
         newer = [p for p in self.checkpoints() if int(_STEP_DIR.match(p.name).group(1)) > step]

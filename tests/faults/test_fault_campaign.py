@@ -1,0 +1,54 @@
+"""scripts/fault_campaign.py (issue 18): generated damage never passes silently, and the campaign can
+tell when it would (a negative control with checksums switched off)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_a_small_campaign_has_no_silent_case(tmp_path) -> None:
+    out = tmp_path / "campaign.json"
+    command = [sys.executable, str(ROOT / "scripts" / "fault_campaign.py"), "--flips=3", "--nan-frames=6",
+               "--export-flips=4", f"--json={out}"]  # fmt: skip
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    kinds = {c["kind"] for c in cases}
+    assert kinds == {"checkpoint_flip", "checkpoint_cut", "nan_frame", "export_flip"}
+    assert all(c["outcome"] in ("recovered", "named") for c in cases)
+    files = {c["file"] for c in cases if c["kind"] == "checkpoint_flip"}
+    assert {"manifest.json", "trainer.pt", "model_optim/.metadata"} <= files and any(
+        ".distcp" in f for f in files
+    )
+
+
+def test_the_campaign_sees_a_silent_case_when_checksums_are_off(tmp_path, monkeypatch) -> None:
+    spec = importlib.util.spec_from_file_location("fault_campaign", ROOT / "scripts" / "fault_campaign.py")
+    campaign = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(campaign)
+    from vla.training.checkpoint import CheckpointManager
+
+    original = CheckpointManager.verify
+    monkeypatch.setattr(
+        CheckpointManager,
+        "verify",
+        lambda self, path, checksums=True, part=(0, 1): original(self, path, checksums=False),
+    )
+    pristine = campaign.make_checkpoints(tmp_path / "pristine")
+    shard = next(p for p in (pristine / "step_00000002" / "model_optim").iterdir() if p.suffix == ".distcp")
+    relative = str(shard.relative_to(pristine / "step_00000002"))
+    rng = random.Random(0)
+    outcomes = [
+        campaign.checkpoint_case(pristine, tmp_path, relative, "flip", rng)["outcome"] for _ in range(5)
+    ]
+    assert "silent" in outcomes  # a flipped bit in a tensor is invisible without the digests
