@@ -131,7 +131,11 @@ def test_every_byte_of_a_shard_is_covered_by_its_checksum(pristine: Path, tmp_pa
     shutil.copytree(pristine, root)
     newest = root / "step_00000002"
     manifest = json.loads((newest / "manifest.json").read_text())
-    assert manifest["version"] == 2 and manifest["checksum_s"] >= 0
+    assert (
+        manifest["version"] == 3
+        and manifest["checksum_s"] >= 0
+        and manifest["self_digest"].startswith("xxh3_128:")
+    )
     assert all(entry["digest"].startswith("xxh3_128:") for entry in manifest["files"].values())
     assert set(manifest["files"]) == set(_files(newest)) - {"manifest.json"}
     (shard,) = newest.glob("model_optim/*.distcp")
@@ -144,6 +148,17 @@ def test_every_byte_of_a_shard_is_covered_by_its_checksum(pristine: Path, tmp_pa
     model, opt = _model_and_optimizer()
     with pytest.raises(CheckpointError, match="does not match its checksum"):
         manager.load(newest, model, opt)  # an explicit load reads the checksums too
+
+
+def test_a_version_2_manifest_without_its_own_digest_still_loads(pristine: Path, tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    shutil.copytree(pristine, root)
+    newest = root / "step_00000002"
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["version"] = 2  # file digests, written before manifests carried their own
+    del manifest["self_digest"]
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    assert CheckpointManager(root, keep_last=None).resolve("auto") == newest
 
 
 def test_a_checkpoint_without_checksums_still_loads_with_a_warning(pristine: Path, tmp_path: Path) -> None:

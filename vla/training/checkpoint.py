@@ -81,7 +81,7 @@ __all__ = [
 ]
 
 FORMAT = "vla.checkpoint"
-FORMAT_VERSION = 2  # 2: every file listed with its size and digest (1: sizes only)
+FORMAT_VERSION = 3  # 3: + a digest of the manifest itself; 2: every file with its size and digest; 1: sizes
 MANIFEST = "manifest.json"
 MODEL_OPTIM_DIR = "model_optim"
 RNG_DIR = "rng"
@@ -484,7 +484,7 @@ class CheckpointManager:
             raise damaged(manifest_path, f"is not a {FORMAT} manifest (not a complete checkpoint)")
         recorded_self = manifest.get("self_digest")
         if (
-            recorded_self is not None or manifest.get("version", 1) >= 2
+            recorded_self is not None or manifest.get("version", 1) >= 3
         ) and recorded_self != _manifest_digest({k: v for k, v in manifest.items() if k != "self_digest"}):
             raise damaged(manifest_path, "does not match its own digest: its content changed after the save")
         for key in ("step", "world_size", "optimizer", "scheduler"):
