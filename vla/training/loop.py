@@ -167,12 +167,13 @@ class Trainer:
 
         policy_config = resolve_config(cfg.model.preset, **cfg.model.policy_overrides())
         check_dataset_before_model(cfg, policy_config)
-        planned, _ = resolve_auto(cfg.parallel, launched_world_size(), None)
+        launched = launched_world_size()
+        planned, _ = resolve_auto(cfg.parallel, launched, None)
         self._memory_note = (
             check_memory(
                 dataclasses.replace(cfg, parallel=planned),
                 policy_config,
-                launched_world_size(),
+                launched,
                 "cuda" if torch.cuda.is_available() else "cpu",
             )
             if trainer.check_memory
@@ -182,7 +183,7 @@ class Trainer:
         policy = build_policy(policy_config)
         if cfg.model.weights:
             _load_weights(policy, cfg.model.weights, cfg.model.weights_format)
-        cfg.parallel, self._parallel_note = resolve_auto(cfg.parallel, launched_world_size(), policy)
+        cfg.parallel, self._parallel_note = resolve_auto(cfg.parallel, launched, policy)
         self.accelerator = setup_accelerator(cfg.parallel, trainer.precision, shard_unit_classes(policy))
         acc = self.accelerator
         self.rank, self.world = acc.process_index, acc.num_processes
