@@ -68,6 +68,18 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "no proprioception (state zeroed): the goal must be read from the images",
         ["data.state_key=null"],
     ),
+    "dart_noise": (
+        "DART-style demonstrations: noise (std 0.3) on the executed hand action, clean labels",
+        ["data.metaworld.action_noise=0.3", "data.root=data/metaworld_dart"],
+    ),
+    "dart_noise_demos_200": (
+        "DART-style demonstrations (std 0.3), 200 per task",
+        [
+            "data.metaworld.action_noise=0.3",
+            "data.metaworld.episodes=200",
+            "data.root=data/metaworld_dart_200",
+        ],
+    ),
     "horizon_8": ("8-step action chunks", ["model.overrides={action_horizon: 8}"]),
     "horizon_32": ("32-step action chunks", ["model.overrides={action_horizon: 32}"]),
 }

@@ -40,7 +40,7 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
         "trainer.checkpoint_every=100000",
         "trainer.export_safetensors=false",
         "trainer.progress_bar=false",
-        "trainer.tensorboard=false",
+        "trainer.tracker=none",
         f"trainer.seed={args.seed}",
         f"output_dir={out}",
         f"data.root={args.data_root}",

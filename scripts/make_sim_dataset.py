@@ -50,6 +50,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--codec", choices=["av1", "h264"], default=defaults.codec)
     parser.add_argument("--crf", type=int, default=defaults.crf, help="video quality (lower: better, bigger)")
+    parser.add_argument(
+        "--action-noise",
+        type=float,
+        default=defaults.action_noise,
+        help="std of DART-style noise on the executed hand action (labels stay the expert's)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --root")
     return parser.parse_args()
 
@@ -67,6 +73,7 @@ def main() -> int:
             max_attempts=args.max_attempts,
             codec=args.codec,
             crf=args.crf,
+            action_noise=args.action_noise,
         )
         start = time.perf_counter()
         columns = (

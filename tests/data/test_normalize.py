@@ -73,3 +73,24 @@ def test_serialised_normalizer_round_trips() -> None:
     x = torch.tensor(VALUES[:5], dtype=torch.float32)
     torch.testing.assert_close(rebuilt.normalize("action", x), normalizer.normalize("action", x))
     assert rebuilt.modes == normalizer.modes
+
+
+def test_eps_is_lerobot_s_and_saved_normalisers_keep_theirs() -> None:
+    """New normalisers use LeRobot's eps (1e-8), as their LeRobot processor files say; a processor.json
+    written before (no "eps") keeps the 1e-6 it trained with."""
+    import numpy as np
+    import torch
+
+    from vla.data.normalize import EPS, LEGACY_EPS, Normalizer
+
+    stats = {"action": {"mean": np.array([0.5, -1.0]), "std": np.array([1e-4, 2.0])}}
+    normalizer = Normalizer(stats, {"action": "MEAN_STD"})
+    x = torch.tensor([[0.6, 1.0]])
+    lerobot = (x - torch.tensor([0.5, -1.0])) / (torch.tensor([1e-4, 2.0]) + 1e-8)
+    torch.testing.assert_close(normalizer.normalize("action", x), lerobot, rtol=1e-6, atol=0)
+    assert EPS == 1e-8 and normalizer.to_dict()["eps"] == EPS
+    saved = normalizer.to_dict()
+    del saved["eps"]
+    old = Normalizer.from_dict(saved)
+    assert old.eps == LEGACY_EPS
+    assert old.normalize("action", x)[0, 0].item() == pytest.approx(0.1 / (1e-4 + 1e-6), rel=1e-6)

@@ -108,7 +108,7 @@ def test_kill_at_a_random_moment_and_resume_matches_an_uninterrupted_run(synthet
         "trainer.val_every=3",
         "trainer.open_loop_eval=false",
     ]
-    common += ["trainer.export_safetensors=false", "trainer.tensorboard=false"]  # kept short
+    common += ["trainer.export_safetensors=false", "trainer.tracker=none"]  # kept short
     straight, split = tmp_path / "straight", tmp_path / "split"
 
     def train(out: Path, *extra: str) -> subprocess.CompletedProcess:

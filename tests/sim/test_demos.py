@@ -62,3 +62,34 @@ def test_failed_expert_episodes_are_not_kept(tmp_path) -> None:
     with pytest.raises(SimError, match=r"succeeded on only 0 of 2 seeds.*max_episode_steps"):
         ensure_sim_dataset(tmp_path / "d", config)
     assert not (tmp_path / "d").exists()
+
+
+def test_dart_noise_perturbs_the_executed_actions_and_keeps_clean_labels(tmp_path) -> None:
+    """action_noise > 0: each frame's label is the expert's action at that (perturbed) state, the
+    states leave the noiseless path, a seed replays the same episode, and noiseless settings keep their
+    old JSON (so recordings made before the setting stay reusable)."""
+    from vla.sim.demos import _rollout
+
+    assert "action_noise" not in DemoConfig().to_json()
+    assert DemoConfig(action_noise=0.3).to_json()["action_noise"] == 0.3
+    with pytest.raises(Exception, match=r"action_noise must be in \[0, 1\]"):
+        DemoConfig(action_noise=-0.1)
+    with MetaWorldEnv("reach-v3", ("corner2",), 16) as env:
+        clean, ok = _rollout(env, 3)
+        noisy, ok_noisy = _rollout(env, 3, 0.3)
+        again, _ = _rollout(env, 3, 0.3)
+        assert ok and ok_noisy
+        # Labels are the expert's clean action at the recorded state (replayed: reset, then the noisy steps).
+        env.reset(3)
+        rng = np.random.default_rng([3, 0xDA27])
+        for frame in noisy[:10]:
+            np.testing.assert_allclose(frame["observation.state"], env.state(), atol=1e-6)
+            label = env.expert_action()
+            np.testing.assert_array_equal(frame["action"], label)
+            executed = label.copy()
+            executed[:3] += rng.normal(0.0, 0.3, size=3).astype(np.float32)
+            env.step(executed)
+    states = lambda frames: np.stack([f["observation.state"] for f in frames[:10]])  # noqa: E731
+    assert np.abs(states(noisy) - states(clean)).max() > 1e-3  # off the noiseless path
+    np.testing.assert_array_equal(states(noisy), states(again))  # seeded
+    assert len(noisy) != len(clean) or not np.array_equal(states(noisy), states(clean))

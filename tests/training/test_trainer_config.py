@@ -65,7 +65,10 @@ def test_command_line_overrides_reach_the_schema() -> None:
         (["trainer.steps=abc"], "trainer.steps"),  # a wrong type
         (["optim.name=dmoun"], "did you mean 'dmuon'"),
         (["trainer.precision=fp8"], "trainer.precision"),
-        (["data=lerobot"], "missing required config values: \\['data.root'\\]"),
+        (
+            ["data=lerobot"],
+            r"data.root is not set: give a local LeRobot dataset \(data.root=/path/to/dataset\) or a hub id \(data.repo_id=org/name\)",
+        ),
         (["trainer.ema_decay=1.5"], "ema_decay"),
         (["parallel.mode=zero3"], "parallel.mode"),
     ],

@@ -78,3 +78,33 @@ def test_a_rank_that_dies_ends_the_run_instead_of_hanging(runs) -> None:
     assert time.monotonic() - start < 200
     assert "exitcode  : 17" in result.stderr or "exitcode: 17" in result.stderr
     assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
+
+
+@pytest.mark.timeout(900)
+def test_hsdp_on_two_nodes_of_two_follows_the_single_process_trajectory(runs, tmp_path) -> None:
+    """parallel=hsdp on 4 ranks as 2 replicas x 2 shards: the (Replicate, Shard(0)) layout, half the bytes of
+    one process per rank, and the single-process losses (DMuon routes over the 2-D mesh)."""
+    out = tmp_path / "hsdp"
+    run_torchrun(
+        tiny_overrides(runs["dataset"], out, *STEPS, "parallel=hsdp", "parallel.replicas=2"),
+        nproc=4,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=800,
+    )
+    hsdp, single = summary(out), summary(runs["single"])
+    assert hsdp["world_size"] == 4 and hsdp["layout"]["placements"] == ["(Replicate(), Shard(dim=0))"]
+    full = single["layout"]["local_param_bytes"]
+    assert 0.45 * full < hsdp["layout"]["local_param_bytes"] < 0.56 * full  # sharded over 2, not 4
+    torch.testing.assert_close(
+        torch.tensor(losses(out)), torch.tensor(losses(runs["single"])), rtol=2e-4, atol=0
+    )
+    # parallel.replicas must leave shard groups of >= 2 processes.
+    bad = run_torchrun(
+        tiny_overrides(runs["dataset"], tmp_path / "bad", *STEPS, "parallel=hsdp", "parallel.replicas=4"),
+        nproc=4,
+        env={"OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    output = bad.stdout + bad.stderr
+    assert bad.returncode != 0 and output.count("got parallel.replicas=4") == 1, output[-3000:]
+    assert "vla/training/" not in output  # one short block, no worker traceback

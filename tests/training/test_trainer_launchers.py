@@ -114,3 +114,77 @@ def test_the_console_script_trains_from_any_directory(synthetic_dataset, tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert summary(out)["steps"] == 2 and list(elsewhere.iterdir()) == []  # nothing written where it ran
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(900)
+def test_two_nodes_through_the_c10d_rendezvous_train_like_one_node_of_two(
+    synthetic_dataset, tmp_path
+) -> None:
+    """The README's multi-node launch (and scripts/slurm/train.sbatch's): `torchrun --nnodes 2
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT` once per node; here 2 "nodes" of 1 process on this
+    machine, sharing the output directory as nodes share a filesystem. Same losses as --standalone x 2."""
+    port = _free_port()
+    out = tmp_path / "nodes"
+    overrides = tiny_overrides(synthetic_dataset, out, "trainer.steps=3")
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "vla-test",
+            "train.py", *overrides]  # fmt: skip
+    nodes = [
+        subprocess.Popen(node, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    try:
+        outputs = [p.communicate(timeout=600) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    for p, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert p.returncode == 0, stderr[-3000:]
+    assert summary(out)["world_size"] == 2
+    single = tmp_path / "single"
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                  "train.py", *tiny_overrides(synthetic_dataset, single, "trainer.steps=3")]  # fmt: skip
+    result = _run(standalone, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    losses = [r["loss"] for r in metrics(out)]
+    assert len(losses) == 3 and losses == [r["loss"] for r in metrics(single)]
+
+
+@pytest.mark.timeout(900)
+def test_the_slurm_script_launches_one_torchrun_per_node(synthetic_dataset, tmp_path) -> None:
+    """scripts/slurm/train.sbatch under stand-ins for srun (one copy of the command per "node", as srun
+    --ntasks-per-node=1 starts it) and scontrol: 2 nodes x 1 process meet at the head node and train."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\nshift  # --kill-on-bad-exit=1\npids=()\n"
+        'for _ in $(seq "$SLURM_JOB_NUM_NODES"); do "$@" & pids+=($!); done\n'
+        'rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc\n'
+    )
+    for tool in ("scontrol", "srun"):
+        (bin_dir / tool).chmod(0o755)
+    out = tmp_path / "job"
+    env = {**ENV, "PATH": f"{bin_dir}:{ENV['PATH']}", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_JOB_ID": "4242", "SLURM_SUBMIT_DIR": str(ROOT), "GPUS_PER_NODE": "1",
+           "RDZV_PORT": str(_free_port()), "PYTHON": sys.executable, "OUTPUT_DIR": str(out)}  # fmt: skip
+    overrides = [
+        o
+        for o in tiny_overrides(synthetic_dataset, out, "trainer.steps=2")
+        if not o.startswith("output_dir=")
+    ]
+    result = subprocess.run(
+        ["bash", "scripts/slurm/train.sbatch", *overrides], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert summary(out)["world_size"] == 2 and len(metrics(out)) == 2
+    assert "parallel=auto: 2 process(es) -> parallel=fsdp2" in result.stdout

@@ -1,7 +1,7 @@
 """Per-feature normalisation from dataset stats, and its inverse for actions at inference.
 
 Modes (the names LeRobot and openpi use):
-    MEAN_STD   (x - mean) / (std + eps)                         pi0 state and action
+    MEAN_STD   (x - mean) / (std + eps)     (eps 1e-8, LeRobot's)      pi0 state and action
     MIN_MAX    2 (x - min) / (max - min + eps) - 1   -> [-1, 1]
     QUANTILES  2 (x - q01) / (q99 - q01 + eps) - 1   -> [-1, 1] on the 1st..99th percentile
                (OpenVLA's action bounds, openpi's pi0.5); values outside may exceed [-1, 1]
@@ -25,10 +25,15 @@ from torch import Tensor
 from vla.data.errors import StatsError
 from vla.data.stats import Stats, check_finite
 
-EPS = 1e-6
-# The dataset-level statistic each mode divides by is "zero" at or below EPS: x is then scaled by ~1/EPS.
-# Data whose own statistic exceeds DATA_VARIES means the stats do not describe it.
-DATA_VARIES = 10 * EPS
+# Added to the width each mode divides by: LeRobot's NormalizerProcessorStep eps, so a policy normalises
+# as its LeRobot processor files (vla.data.lerobot_processor) say. Normalisers saved before (processor.json
+# without "eps") used 1e-6 and keep it.
+EPS = 1e-8
+LEGACY_EPS = 1e-6
+# The dataset-level statistic each mode divides by is "zero" at or below ZERO_WIDTH: x would then be
+# scaled by ~1/EPS. Data whose own statistic exceeds DATA_VARIES means the stats do not describe it.
+ZERO_WIDTH = 1e-6
+DATA_VARIES = 10 * ZERO_WIDTH
 
 
 class NormMode(StrEnum):
@@ -67,9 +72,12 @@ class Normalizer:
     modes: feature -> NormMode; features without a mode pass through unchanged.
     """
 
-    def __init__(self, stats: Stats, modes: Mapping[str, NormMode | str], source: str = "stats") -> None:
+    def __init__(
+        self, stats: Stats, modes: Mapping[str, NormMode | str], source: str = "stats", eps: float = EPS
+    ) -> None:
         self.modes = parse_modes(modes)
         self.source = source
+        self.eps = eps
         self._scale: dict[str, Tensor] = {}
         self._offset: dict[str, Tensor] = {}
         self.stats: dict[str, dict[str, np.ndarray]] = {}
@@ -95,12 +103,12 @@ class Normalizer:
             self.stats[key] = kept
             # x_norm = (x - offset) * scale; every mode is affine, so the inverse is exact.
             if mode == NormMode.MEAN_STD:
-                offset, scale = kept["mean"], 1.0 / (kept["std"] + EPS)
+                offset, scale = kept["mean"], 1.0 / (kept["std"] + eps)
             else:
                 low, high = (
                     (kept["min"], kept["max"]) if mode == NormMode.MIN_MAX else (kept["q01"], kept["q99"])
                 )
-                offset, scale = (low + high) / 2.0, 2.0 / (high - low + EPS)
+                offset, scale = (low + high) / 2.0, 2.0 / (high - low + eps)
             self._offset[key] = torch.as_tensor(offset, dtype=torch.float32)
             self._scale[key] = torch.as_tensor(scale, dtype=torch.float32)
 
@@ -115,8 +123,8 @@ class Normalizer:
     def _blow_up(self, key: str, mode: NormMode, dims: list[int], evidence: str) -> str:
         return (
             f"{self.source}: stats of {key!r} give {_SPREAD_NAME[mode]} = 0 for dim(s) {dims} while {evidence}; "
-            f"{mode.value} normalisation divides by that width (+{EPS:g}), which would scale those dims by "
-            f"~{1 / EPS:.0e} and make the loss explode. The stats are stale or wrong for this data: recompute "
+            f"{mode.value} normalisation divides by that width (+{self.eps:g}), which would scale those dims by "
+            f"~{1 / self.eps:.0e} and make the loss explode. The stats are stale or wrong for this data: recompute "
             f"them (LeRobot's compute_stats, or rewrite the dataset with vla.data.LeRobotDatasetWriter), or "
             f"set the norm mode of {key!r} to another mode or IDENTITY (data.norm_modes)."
         )
@@ -130,7 +138,7 @@ class Normalizer:
         max > min is possible (a dim that rarely moves), but its rare values normalise to ~1e6: a warning.
         """
         spread = self._spread(mode, kept)
-        flat = np.flatnonzero(spread <= EPS)
+        flat = np.flatnonzero(spread <= ZERO_WIDTH)
         if flat.size == 0:
             return
         dims = flat.tolist()
@@ -150,7 +158,7 @@ class Normalizer:
             warnings.warn(
                 f"{self.source}: stats of {key!r} give q99 - q01 = 0 for dim(s) {varying} while max - min is "
                 f"{np.round(width[varying], 6).tolist()}: the rare values outside [q01, q99] normalise to "
-                f"~{1 / EPS:.0e}. Use MIN_MAX or MEAN_STD for {key!r} (data.norm_modes) if that dim matters.",
+                f"~{1 / self.eps:.0e}. Use MIN_MAX or MEAN_STD for {key!r} (data.norm_modes) if that dim matters.",
                 stacklevel=3,
             )
             return
@@ -166,7 +174,7 @@ class Normalizer:
         if mode is None or mode == NormMode.IDENTITY or key not in self.stats:
             return
         spread = self._spread(mode, self.stats[key])
-        flat = np.flatnonzero(spread <= EPS)
+        flat = np.flatnonzero(spread <= ZERO_WIDTH)
         if flat.size == 0 or len(values) == 0:
             return
         data = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
@@ -219,8 +227,9 @@ class Normalizer:
         return x.to(torch.float32) / scale + offset
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable {"modes": {...}, "stats": {feature: {stat: list}}}."""
+        """JSON-serialisable {"eps", "modes": {...}, "stats": {feature: {stat: list}}}."""
         return {
+            "eps": self.eps,
             "modes": {k: m.value for k, m in self.modes.items()},
             "stats": {k: {n: v.tolist() for n, v in s.items()} for k, s in self.stats.items()},
         }
@@ -228,4 +237,4 @@ class Normalizer:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "saved normalizer") -> Normalizer:
         stats = {k: {n: np.asarray(v) for n, v in s.items()} for k, s in data["stats"].items()}
-        return cls(stats, data["modes"], source=source)
+        return cls(stats, data["modes"], source=source, eps=float(data.get("eps", LEGACY_EPS)))

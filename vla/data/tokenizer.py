@@ -1,8 +1,11 @@
 """Prompt tokenisation, offline.
 
 `load_tokenizer(path)` returns a Hugging Face fast tokenizer:
-- with a local path: `AutoTokenizer.from_pretrained(path, local_files_only=True)`, e.g. PaliGemma's;
-- with None: a small byte-level BPE built here deterministically (256 byte tokens, 4 specials,
+- with a local directory: `AutoTokenizer.from_pretrained(path, local_files_only=True)`, e.g. PaliGemma's;
+- with a hub id (`google/paligemma-3b-pt-224`): through transformers and the Hugging Face cache
+  (HF_HOME / HF_HUB_CACHE); HF_HUB_OFFLINE=1 uses the cache only. Not cached and not reachable:
+  TokenizerUnavailableError says how to get it;
+- with None or "builtin": a small byte-level BPE built here deterministically (256 byte tokens, 4 specials,
   BPE merges learnt from a fixed corpus of robot instructions; BUILTIN_VOCAB_SIZE ids in all,
   lower-cased). The tiny/small model presets have vocab 1024 and reserve the top 384 ids for
   OpenVLA action tokens, so the built-in vocabulary must stay below 640.
@@ -22,8 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vla.data.errors import DatasetError
+
 logger = logging.getLogger(__name__)
 
+BUILTIN = "builtin"
+PALIGEMMA_TOKENIZER = "google/paligemma-3b-pt-224"  # LeRobot's pi0 and openpi tokenize with it
+PALIGEMMA_TOKENIZER_SIZE = 257_152
 BUILTIN_VOCAB_SIZE = 384
 MAX_BUILTIN_VOCAB_SIZE = 640
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0, 1, 2, 3
@@ -98,20 +106,62 @@ def build_builtin_tokenizer() -> Any:
     return tokenizer
 
 
+class TokenizerUnavailableError(DatasetError, FileNotFoundError):
+    """The configured tokenizer is neither a local directory nor in the Hugging Face cache."""
+
+
+def is_builtin(path: str | Path | None) -> bool:
+    return path is None or str(path) in ("", BUILTIN)
+
+
+@functools.lru_cache(maxsize=4)
 def load_tokenizer(path: str | Path | None = None) -> Any:
-    """A tokenizer from a local directory (PaliGemma's, ...) or, with None, the built-in one."""
-    if path is None or str(path) == "":
+    """A tokenizer from a local directory, a hub id (through the cache) or, with None/"builtin", the
+    built-in one. Cached per path: the pre-flight check and the data pipeline share one load."""
+    if is_builtin(path):
         return build_builtin_tokenizer()
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(
-            f"tokenizer path {path} does not exist. Point it at a local directory with tokenizer.json / "
-            "tokenizer.model (e.g. a PaliGemma checkpoint folder), or leave it empty for the built-in "
-            "tokenizer. Nothing is downloaded: the hub is offline."
-        )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    from vla.data.hub import cache_dir, looks_like_hub_id, offline_reason
+
+    text = str(path)
+    if looks_like_hub_id(text):
+        try:
+            return AutoTokenizer.from_pretrained(text, local_files_only=True)
+        except OSError:
+            pass  # not cached
+        reason = offline_reason()
+        if reason is None:
+            return AutoTokenizer.from_pretrained(text)
+        raise TokenizerUnavailableError(
+            f"tokenizer {text!r} (data.tokenizer_path) is not in the Hugging Face cache ({cache_dir()}) "
+            f"and {reason}. On a machine with access run "
+            f"`hf download {text} --include 'tokenizer*' 'special_tokens_map.json'` (then copy "
+            "the cache, HF_HUB_CACHE, over), or set data.tokenizer_path=<local directory with "
+            "tokenizer.json>; data.tokenizer_path=builtin uses the project's small tokenizer (its ids do "
+            "not match PaliGemma's pretrained embeddings)."
+        ) from None
+    local = Path(text).expanduser()
+    if not local.exists():
+        raise TokenizerUnavailableError(
+            f"tokenizer path {local} (data.tokenizer_path) does not exist. Point it at a local directory with "
+            "tokenizer.json / tokenizer.model (e.g. a PaliGemma checkpoint folder), a hub id such as "
+            f"{PALIGEMMA_TOKENIZER}, or `builtin` for the built-in tokenizer."
+        )
+    return AutoTokenizer.from_pretrained(str(local), local_files_only=True)
+
+
+def tokenizer_reference(path: str | Path | None, tokenizer: Any, save_dir: Path) -> str:
+    """What `AutoTokenizer.from_pretrained` needs to load this run's tokenizer elsewhere (LeRobot's
+    processor): the hub id, the local directory (absolute), or for the built-in tokenizer the absolute
+    path of a copy saved to `save_dir`."""
+    if is_builtin(path):
+        tokenizer.save_pretrained(str(save_dir))
+        return str(save_dir.resolve())
+    from vla.data.hub import looks_like_hub_id
+
+    text = str(path)
+    return text if looks_like_hub_id(text) else str(Path(text).expanduser().resolve())
 
 
 def clean_prompt(text: str) -> str:

@@ -3,17 +3,23 @@
 For every task the expert is rolled out on seeds seed, seed + 1, ... until `episodes` of them
 succeed (or `max_attempts` seeds were tried). An episode is recorded frame by frame (observation,
 then the expert's action) up to and including the step that reaches success; failed episodes are
-dropped. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
+dropped. With `action_noise` > 0 the recording is DART-style (Laskey et al., 2017): the environment
+steps with the expert's action plus Gaussian noise on the hand's x, y, z, while the frame keeps the
+expert's clean action as its label, so the data shows how the expert recovers from states just off its
+own path. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
 that were never trained on, and the expert's success rate per task is recorded beside it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from vla.data.generated import ensure_generated, read_marker, write_atomically
 from vla.data.writer import LeRobotDatasetWriter
@@ -54,6 +60,10 @@ class DemoConfig:
     # error 4.1 vs 3.8 levels; at 30, H.264 loses 8.1), so training frames stay close to the clean
     # renders the policy sees in closed loop.
     crf: int = 18
+    # Std of the Gaussian noise added to the executed hand action (x, y, z; the gripper is left alone),
+    # in action units ([-1, 1]; 1 moves the hand about 1 cm per step). The label stays the clean action.
+    # Measured (scripts/ablate_recipe.py, variant dart_noise): see the README's ablation table.
+    action_noise: float = 0.0
 
     def __post_init__(self) -> None:
         self.tasks = parse_tasks(self.tasks)
@@ -66,13 +76,19 @@ class DemoConfig:
             raise SimError(f"seed must be >= 0, got {self.seed}")
         if not 0 <= self.crf <= 51:
             raise SimError(f"crf must be in [0, 51] (lower: better quality, bigger files), got {self.crf}")
+        if not (math.isfinite(self.action_noise) and 0 <= self.action_noise <= 1):
+            raise SimError(f"action_noise must be in [0, 1] (action units), got {self.action_noise}")
 
     @property
     def attempts(self) -> int:
         return self.max_attempts if self.max_attempts is not None else 2 * self.episodes
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"recorder": RECORDER_VERSION}
+        settings = asdict(self) | {"recorder": RECORDER_VERSION}
+        if self.action_noise == 0:
+            # Recordings made before the setting existed had no noise: they stay reusable.
+            del settings["action_noise"]
+        return settings
 
 
 @dataclass
@@ -115,7 +131,7 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
                 while kept < config.episodes and attempt < config.attempts:
                     seed = config.seed + attempt
                     attempt += 1
-                    frames, success = _rollout(env, seed)
+                    frames, success = _rollout(env, seed, config.action_noise)
                     if success:
                         successes += 1
                         for frame in frames:
@@ -149,16 +165,22 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
     return stats
 
 
-def _rollout(env: MetaWorldEnv, seed: int) -> tuple[list[dict[str, Any]], bool]:
-    """The expert's episode on `seed`: frames (observation + action) up to the first success."""
+def _rollout(env: MetaWorldEnv, seed: int, action_noise: float = 0.0) -> tuple[list[dict[str, Any]], bool]:
+    """The expert's episode on `seed`: frames (observation + clean expert action) up to the first
+    success; the executed action carries `action_noise` (seeded by `seed`, so a recording replays)."""
     observation = env.reset(seed)
+    noise = np.random.default_rng([seed, 0xDA27])
     frames = []
     while True:
         action = env.expert_action()
         frame = {k: v for k, v in observation.items() if k != "task"}
         frame["action"] = action
         frames.append(frame)
-        step = env.step(action)
+        executed = action
+        if action_noise > 0:
+            executed = action.copy()
+            executed[:3] += noise.normal(0.0, action_noise, size=3).astype(np.float32)
+        step = env.step(executed)
         if step.done:
             return frames, step.success
         observation = step.observation

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,9 @@ from vla.data.augment import ImageTransformsConfig
 from vla.data.scan import ON_BAD_FRAMES
 
 OPTIMIZERS = ("adamw", "muon", "dmuon")
-PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2")
+PARALLEL_MODES = ("auto", "none", "ddp", "fsdp2", "hsdp")
 DATA_SOURCES = ("synthetic", "lerobot", "metaworld")
+TRACKERS = ("tensorboard", "wandb", "tensorboard+wandb", "none")
 PRECISIONS = ("fp32", "bf16")
 SCHEDULES = ("cosine", "constant", "linear")
 NAN_POLICIES = ("stop", "skip")
@@ -75,8 +77,9 @@ class ModelConfig:
 
     overrides: any policy config field, nested ones as partial dicts (`{"vlm": {"depth": 4}}`);
         build_policy rejects unknown keys by name.
-    weights: a local checkpoint (.safetensors file or directory of shards) to start from: LeRobot/openpi
-        pi0, transformers PaliGemma (pi0: the prefix only) or a policy.safetensors of ours (old or new).
+    weights: a checkpoint to start from: a local .safetensors file or directory of shards, or a hub id
+        (`lerobot/pi0_base`, fetched through the Hugging Face cache; weights_revision picks a revision):
+        LeRobot/openpi pi0, transformers PaliGemma (pi0: the prefix only) or a policy.safetensors of ours.
     weights_format: "auto" (detected from the keys), or force "lerobot_pi0" | "paligemma" | "vla"
         (this repository's own parameter names).
     """
@@ -87,6 +90,7 @@ class ModelConfig:
     train_expert_only: bool = False
     gradient_checkpointing: bool = False
     weights: str | None = None
+    weights_revision: str | None = None
     weights_format: str = "auto"
 
     def __post_init__(self) -> None:
@@ -205,9 +209,14 @@ class MetaWorldDataConfig:
     max_episode_steps: int = 200
     codec: str = "h264"  # vla.sim.demos.DemoConfig says why not AV1, and why crf 18
     crf: int = 18
+    action_noise: float = 0.0  # DART-style noise on the executed hand action; vla.sim.demos.DemoConfig
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.metaworld.")
+        if not 0 <= self.action_noise <= 1:
+            raise ValueError(
+                f"data.metaworld.action_noise must be in [0, 1] (action units), got {self.action_noise}"
+            )
         _choice("data.metaworld.codec", self.codec, ("av1", "h264"))
         _positive("data.metaworld.episodes", self.episodes)
         _positive("data.metaworld.resolution", self.resolution)
@@ -235,14 +244,22 @@ class DataConfig:
     """
 
     source: str = "synthetic"
-    root: str = "???"  # required: the data group (or the command line) sets it
+    # required (the data group or the command line sets it), unless repo_id names a hub dataset: root is
+    # then set to its snapshot in the Hugging Face cache
+    root: str | None = "???"
+    repo_id: str | None = None  # a LeRobot dataset on the hub (v3.0 or v2.1), e.g. lerobot/pusht
+    revision: str | None = None  # of repo_id: a branch, tag (v3.0, v2.1) or commit
     episodes: list[int] | None = None
     val_fraction: float = 0.1
     camera_map: dict[str, str] = field(default_factory=dict)
     state_key: str | None = "observation.state"
     action_key: str = "action"
     norm_modes: dict[str, str] = field(default_factory=dict)
+    # null: the model's own (PaliGemma's google/paligemma-3b-pt-224 for presets with its vocabulary, the
+    # built-in one otherwise); `builtin`; a local directory; or a hub id (through the HF cache)
     tokenizer_path: str | None = None
+    # A model with PaliGemma's vocabulary refuses a tokenizer of another size unless this is false
+    check_tokenizer_vocab: bool = True
     max_prompt_length: int = 24
     num_workers: int = 2
     on_bad_frames: str = "error"  # NaN/inf or empty tasks in a frame: error | drop_episode (vla.data.scan)
@@ -255,6 +272,15 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.")
         _choice("data.source", self.source, DATA_SOURCES)
+        if self.repo_id is not None and self.source != "lerobot":
+            raise ValueError(
+                f"data.repo_id names a hub dataset, which needs data=lerobot (data.source is {self.source})"
+            )
+        if self.root is None and self.repo_id is None:
+            raise ValueError(
+                "data.root is not set: give a local LeRobot dataset (data.root=/path/to/dataset) or a hub id "
+                "(data.repo_id=org/name)"
+            )
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
         _positive("data.num_workers", self.num_workers, allow_zero=True)
@@ -338,12 +364,16 @@ class TrainerConfig:
     save_on_interrupt: bool = True
     stop_grace_s: float = 120.0
     progress_bar: bool = True
-    tensorboard: bool = True
-    wandb: bool = False
+    # Where metrics go besides metrics.jsonl: tensorboard | wandb | tensorboard+wandb | none
+    tracker: str = "tensorboard"
     wandb_project: str = "vla"
+    wandb_mode: str | None = None  # online | offline | disabled; null: wandb's own (WANDB_MODE, else online)
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "trainer.")
+        _choice("trainer.tracker", self.tracker, TRACKERS)
+        if self.wandb_mode is not None:
+            _choice("trainer.wandb_mode", self.wandb_mode, ("online", "offline", "disabled"))
         for key in (
             "steps",
             "batch_size",
@@ -377,9 +407,12 @@ class TrainerConfig:
 @dataclass
 class ParallelConfig:
     """How ranks share the model. fsdp2 shards each policy unit (layer pairs, vision blocks); auto (the
-    default): none on one process, fsdp2 on several (ddp for a policy without shard units)."""
+    default): none on one process, fsdp2 on several (ddp for a policy without shard units). hsdp: FSDP2
+    on a 2-D mesh, the model replicated `replicas` times and sharded within each replica (replicas
+    null: one per node, WORLD_SIZE / LOCAL_WORLD_SIZE), so parameter all-gathers stay inside a node."""
 
     mode: str = "auto"
+    replicas: int | None = None
     reshard_after_forward: bool = True
     backend: str | None = None  # default: nccl on CUDA, gloo on CPU
     timeout_s: int = 600
@@ -388,6 +421,8 @@ class ParallelConfig:
         check_finite_fields(self, "parallel.")
         _choice("parallel.mode", self.mode, PARALLEL_MODES)
         _positive("parallel.timeout_s", self.timeout_s)
+        if self.replicas is not None:
+            _positive("parallel.replicas", self.replicas)
 
 
 @dataclass
@@ -403,10 +438,26 @@ class TrainConfig:
     run_name: str = "run"
 
 
+def hsdp_replicas(parallel: ParallelConfig, world_size: int) -> int:
+    """parallel.replicas, or one replica per node (torchrun's LOCAL_WORLD_SIZE processes each)."""
+    if parallel.replicas is not None:
+        return parallel.replicas
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size) or world_size)
+    return max(1, world_size // max(local, 1))
+
+
 def validate(cfg: TrainConfig, world_size: int) -> None:
     """Checks that span groups; raise ValueError naming the keys and the fix."""
     check_finite_fields(cfg, "")  # again: a config may have been changed after construction
     parallel = cfg.parallel.mode
+    if parallel == "hsdp":
+        replicas = hsdp_replicas(cfg.parallel, world_size)
+        if replicas < 2 or world_size % replicas or world_size // replicas < 2:
+            raise ValueError(
+                f"parallel=hsdp needs replicas >= 2 that divide the {world_size} processes into shard groups of "
+                f">= 2, got parallel.replicas={replicas}; set parallel.replicas (e.g. the number of nodes) or "
+                "use parallel=fsdp2"
+            )
     if parallel in ("ddp", "fsdp2") and world_size < 2:
         raise ValueError(
             f"parallel={parallel} needs several processes but this run has {world_size}; launch with "

@@ -34,6 +34,7 @@ def demo_config(cfg: DataConfig) -> Any:
         max_episode_steps=m.max_episode_steps,
         codec=m.codec,
         crf=m.crf,
+        action_noise=m.action_noise,
     )
 
 
@@ -88,6 +89,74 @@ def dataset_root(cfg: DataConfig, rank: int) -> Path:
     return root
 
 
+def resolve_hub_dataset(cfg: DataConfig) -> None:
+    """data.repo_id (a hub dataset) -> data.root = its snapshot in the Hugging Face cache (fetched if absent)."""
+    if cfg.repo_id:
+        from vla.data.hub import snapshot
+
+        cfg.root = str(
+            snapshot(cfg.repo_id, repo_type="dataset", revision=cfg.revision, config_key="data.repo_id")
+        )
+
+
+def resolve_weights(model: Any) -> str | None:
+    """model.weights as a local path: a hub id becomes its snapshot (safetensors + JSON files) in the cache."""
+    from vla.data.hub import looks_like_hub_id, snapshot
+
+    weights = model.weights
+    if not weights or Path(weights).exists() or not looks_like_hub_id(weights):
+        return weights
+    directory = snapshot(
+        weights,
+        repo_type="model",
+        revision=model.weights_revision,
+        allow_patterns=["*.safetensors", "*.json"],
+        config_key="model.weights",
+    )
+    return str(directory)
+
+
+def resolved_tokenizer_path(cfg: DataConfig, policy_config: Any) -> str:
+    """data.tokenizer_path with null resolved to the model's own tokenizer (vla.data.tokenizer)."""
+    from vla.data.tokenizer import BUILTIN, PALIGEMMA_TOKENIZER
+    from vla.models.config import PALIGEMMA_VOCAB_SIZE
+
+    if cfg.tokenizer_path not in (None, ""):
+        return str(cfg.tokenizer_path)
+    return PALIGEMMA_TOKENIZER if policy_config.vocab_size == PALIGEMMA_VOCAB_SIZE else BUILTIN
+
+
+def check_tokenizer(cfg: DataConfig, policy_config: Any) -> Any:
+    """Load the run's tokenizer (before the model is built) and check its vocabulary against the model's.
+
+    Ids at or above the model's vocab_size would index past its embedding; a model with PaliGemma's
+    vocabulary fed another tokenizer's ids trains on meaningless pretrained embeddings, so it is refused
+    unless data.check_tokenizer_vocab=false.
+    """
+    from vla.data.tokenizer import is_builtin, load_tokenizer
+    from vla.models.config import PALIGEMMA_VOCAB_SIZE
+
+    path = resolved_tokenizer_path(cfg, policy_config)
+    tokenizer = load_tokenizer(path)
+    size = len(tokenizer)
+    model_vocab = policy_config.vocab_size
+    if size > model_vocab:
+        raise ValueError(
+            f"the tokenizer {path!r} (data.tokenizer_path) has {size} ids but the model's vocab_size is "
+            f"{model_vocab}: its ids would index past the token embedding. Use a tokenizer of at most "
+            f"{model_vocab} ids, or a model preset with a larger vocabulary."
+        )
+    if cfg.check_tokenizer_vocab and model_vocab == PALIGEMMA_VOCAB_SIZE and size != PALIGEMMA_VOCAB_SIZE:
+        what = "the built-in tokenizer" if is_builtin(path) else f"the tokenizer {path!r}"
+        raise ValueError(
+            f"this model has PaliGemma's vocabulary ({PALIGEMMA_VOCAB_SIZE} ids) but {what} has {size}: "
+            "its ids do not mean what PaliGemma's embeddings learnt. Set data.tokenizer_path to PaliGemma's "
+            "tokenizer (google/paligemma-3b-pt-224 from the Hugging Face cache, or a local copy), or "
+            "data.check_tokenizer_vocab=false to train with it anyway."
+        )
+    return tokenizer
+
+
 def processor_config(cfg: DataConfig, policy_config: Any) -> ProcessorConfig:
     defaults = DEFAULT_NORM_MODES[policy_config.kind]
     norm_modes = {cfg.state_key: defaults["state"]} if cfg.state_key else {}
@@ -110,7 +179,7 @@ def processor_config(cfg: DataConfig, policy_config: Any) -> ProcessorConfig:
         action_key=cfg.action_key,
         norm_modes=norm_modes,
         max_prompt_length=cfg.max_prompt_length,
-        tokenizer_path=cfg.tokenizer_path,
+        tokenizer_path=resolved_tokenizer_path(cfg, policy_config),
         uint8_images=cfg.uint8_transport,
     )
 

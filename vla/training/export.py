@@ -81,6 +81,37 @@ def _visual_shape(feature: dict[str, Any]) -> list[int]:
     return shape
 
 
+def lerobot_features(
+    config: PolicyConfig,
+    *,
+    features: dict[str, dict[str, Any]],
+    camera_map: dict[str, str],
+    state_key: str | None,
+    action_key: str,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(input_features, output_features) as LeRobot's PI0Config names them: cameras in the policy's
+    camera order (those a dataset key maps to), then the state; the action."""
+    by_camera = {camera: key for key, camera in camera_map.items()}
+    inputs: dict[str, Any] = {}
+    for camera in config.cameras:
+        key = by_camera.get(camera)
+        if key is not None:
+            inputs[key] = {"type": "VISUAL", "shape": _visual_shape(features[key])}
+    if state_key:
+        inputs[state_key] = {"type": "STATE", "shape": list(features[state_key]["shape"])}
+    outputs = {action_key: {"type": "ACTION", "shape": list(features[action_key]["shape"])}}
+    return inputs, outputs
+
+
+def lerobot_norm_map(state_key: str | None, action_key: str, norm_modes: dict[str, str]) -> dict[str, str]:
+    """LeRobot's normalization_mapping (per feature type) from our per-feature modes."""
+    return {
+        "VISUAL": "IDENTITY",
+        "STATE": norm_modes.get(state_key, "MEAN_STD") if state_key else "MEAN_STD",
+        "ACTION": norm_modes.get(action_key, "MEAN_STD"),
+    }
+
+
 def lerobot_pi0_config(
     config: Pi0Config,
     *,
@@ -101,14 +132,9 @@ def lerobot_pi0_config(
     if reason:
         raise ValueError(f"LeRobot's PI0Config cannot describe this policy: {reason}")
     by_camera = {camera: key for key, camera in camera_map.items()}
-    inputs: dict[str, Any] = {}
-    for camera in config.cameras:
-        key = by_camera.get(camera)
-        if key is not None:
-            inputs[key] = {"type": "VISUAL", "shape": _visual_shape(features[key])}
-    if state_key:
-        inputs[state_key] = {"type": "STATE", "shape": list(features[state_key]["shape"])}
-    outputs = {action_key: {"type": "ACTION", "shape": list(features[action_key]["shape"])}}
+    inputs, outputs = lerobot_features(
+        config, features=features, camera_map=camera_map, state_key=state_key, action_key=action_key
+    )
     size = config.vision.image_size
     return {
         "type": "pi0",
@@ -135,11 +161,7 @@ def lerobot_pi0_config(
         "max_period": config.time_max_period,
         "image_resolution": [size, size],
         "empty_cameras": len(config.cameras) - sum(c in by_camera for c in config.cameras),
-        "normalization_mapping": {
-            "VISUAL": "IDENTITY",
-            "STATE": norm_modes.get(state_key, "MEAN_STD") if state_key else "MEAN_STD",
-            "ACTION": norm_modes.get(action_key, "MEAN_STD"),
-        },
+        "normalization_mapping": lerobot_norm_map(state_key, action_key, norm_modes),
         "gradient_checkpointing": config.gradient_checkpointing,
         "freeze_vision_encoder": config.freeze_vision_tower,
         "train_expert_only": config.train_expert_only,
@@ -221,6 +243,161 @@ def export_policy(
     return output_dir / EXPORT_FILE
 
 
+def write_lerobot_processor_for(
+    directory: Path,
+    config: PolicyConfig,
+    processor: Any,
+    features: dict[str, dict[str, Any]],
+    stats: dict[str, dict[str, Any]] | None = None,
+) -> list[Path]:
+    """LeRobot's processor files (vla.data.lerobot_processor) for a pi0 policy into `directory`.
+
+    processor: the run's vla.data.BatchProcessor; features: the dataset's (meta/info.json);
+    stats: the dataset's meta/stats.json, as LeRobot writes them (every feature), or None for the
+    run's own normaliser statistics (the normalised features only: all LeRobot needs).
+    A built-in tokenizer is saved to `directory`/tokenizer, and named by its absolute path.
+    """
+    from vla.data.lerobot_processor import write_lerobot_processor
+    from vla.data.tokenizer import tokenizer_reference
+
+    pc = processor.config
+    inputs, outputs = lerobot_features(
+        config,
+        features=features,
+        camera_map=dict(pc.camera_map),
+        state_key=pc.state_key,
+        action_key=pc.action_key,
+    )
+    if stats is None:
+        stats = processor.normalizer.stats
+    return write_lerobot_processor(
+        directory,
+        input_features=inputs,
+        output_features=outputs,
+        norm_map=lerobot_norm_map(pc.state_key, pc.action_key, dict(pc.norm_modes)),
+        stats=stats,
+        tokenizer_name=tokenizer_reference(
+            pc.tokenizer_path, processor.prompts.tokenizer, directory / "tokenizer"
+        ),
+        max_length=pc.max_prompt_length,
+    )
+
+
+def _run_dataset(run_dir: Path) -> Any:
+    """The run's dataset metadata (vla.data.DatasetMetadata) when its data.root can be found, else None."""
+    from vla.data.metadata import DatasetMetadata
+    from vla.eval.policy_runner import dataset_candidates, run_data_config
+
+    root = run_data_config(run_dir).get("root")
+    for candidate in dataset_candidates(run_dir, root) if root else []:
+        if (candidate / "meta" / "info.json").is_file():
+            return DatasetMetadata(candidate)
+    return None
+
+
+def _features_from_processor(processor: Any) -> dict[str, dict[str, Any]]:
+    """Dataset-like features when the dataset is gone: cameras at the model's resolution (LeRobot resizes
+    to it anyway), state and action dims from the processor."""
+    pc = processor.config
+    size = pc.image_size
+    features = {
+        key: {"shape": [size, size, 3], "names": ["height", "width", "channels"]} for key in pc.camera_map
+    }
+    if pc.state_key:
+        features[pc.state_key] = {"shape": [processor.state_dim]}
+    features[pc.action_key] = {"shape": [processor.action_dim]}
+    return features
+
+
+def _policy_from_checkpoint(run_dir: Path, checkpoint: Path) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The run's policy (from its config.yaml) loaded from the checkpoint, and the state dict to export:
+    the EMA weights when the run kept an EMA (as the run's own export does), else the weights."""
+    from omegaconf import OmegaConf
+
+    from vla.models import build_policy
+    from vla.models.factory import resolve_config
+    from vla.training.checkpoint import CheckpointManager
+    from vla.training.config import TrainConfig
+    from vla.training.ema import EMA
+
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
+    policy = build_policy(resolve_config(cfg.model.preset, **cfg.model.policy_overrides()))
+    manager = CheckpointManager(checkpoint.parent, keep_last=None)
+    manifest = manager.verify(checkpoint)
+    extra: dict[str, Any] = {}
+    ema = None
+    if "ema" in manifest.get("extra_state", []):
+        ema = EMA(policy, cfg.trainer.ema_decay or 0.999)
+        extra["ema"] = ema.state_dict()
+    manager.load(checkpoint, policy, None, restore_rng=False, extra_state=extra or None)
+    if ema is None:
+        return policy, policy.state_dict()
+    with ema.applied(policy):
+        return policy, {k: v.detach().clone() for k, v in policy.state_dict().items()}
+
+
+def export_for_lerobot(
+    run_dir: Path | str, *, checkpoint: Path | str | None = None, out: Path | str | None = None
+) -> Path:
+    """LeRobot's `pretrained_model/` for an existing run (from its export) or one of its checkpoints.
+
+    Without a checkpoint: `run_dir/pretrained_model/` (processor files; config.json and model.safetensors,
+    a link to the run's policy.safetensors, where LeRobot can build the size). With one: `out` (default
+    `run_dir/exports/<checkpoint name>`) gets policy.safetensors and pretrained_model/ from its weights.
+    Returns the pretrained_model directory. One process.
+    """
+    from vla.eval.policy_runner import load_exported_policy, read_processor
+
+    run_dir = Path(run_dir)
+    processor = read_processor(run_dir / "processor.json")
+    meta = _run_dataset(run_dir)
+    features = meta.features if meta is not None else _features_from_processor(processor)
+    stats = meta.stats if meta is not None else None
+    pc = processor.config
+
+    def config_json(config: PolicyConfig) -> dict[str, Any] | None:
+        if lerobot_unsupported(config) is not None:
+            return None
+        return lerobot_pi0_config(
+            config,
+            features=features,
+            camera_map=dict(pc.camera_map),
+            state_key=pc.state_key,
+            action_key=pc.action_key,
+            norm_modes=dict(pc.norm_modes),
+            tokenizer_max_length=pc.max_prompt_length,
+        )
+
+    if checkpoint is None:
+        policy = load_exported_policy(run_dir / EXPORT_FILE)
+        config = policy.config
+        target = Path(out) if out is not None else run_dir
+        directory = target / LEROBOT_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        lerobot_config = config_json(config)
+        if lerobot_config is not None:
+            _link_or_copy(run_dir / EXPORT_FILE, directory / LEROBOT_WEIGHTS)
+            text = json.dumps(lerobot_config, indent=4)
+            _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
+    else:
+        checkpoint = Path(checkpoint)
+        if not checkpoint.is_absolute() and not checkpoint.exists():
+            checkpoint = run_dir / "checkpoints" / checkpoint
+        policy, state = _policy_from_checkpoint(run_dir, checkpoint)
+        config = policy.config
+        target = Path(out) if out is not None else run_dir / "exports" / checkpoint.name
+        target.mkdir(parents=True, exist_ok=True)
+        write_export(state, config, target, config_json(config))
+        directory = target / LEROBOT_DIR
+    if not isinstance(config, Pi0Config):
+        raise ValueError(
+            f"{run_dir} trained a {config.kind} policy; LeRobot has no such policy to export for"
+        )
+    write_lerobot_processor_for(directory, config, processor, features, stats)
+    return directory
+
+
 def run_lerobot_config(config: PolicyConfig, data: Any) -> dict[str, Any] | None:
     """LeRobot's config.json for a run (its policy config and DataPipeline), or None if LeRobot cannot build it."""
     if lerobot_unsupported(config) is not None:
@@ -241,9 +418,13 @@ __all__ = [
     "EXPORT_FILE",
     "LEROBOT_CONFIG",
     "LEROBOT_DIR",
+    "export_for_lerobot",
     "export_policy",
+    "lerobot_features",
+    "lerobot_norm_map",
     "lerobot_pi0_config",
     "lerobot_unsupported",
     "run_lerobot_config",
     "write_export",
+    "write_lerobot_processor_for",
 ]

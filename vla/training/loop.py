@@ -163,8 +163,11 @@ class Trainer:
         trainer = cfg.trainer
         # Cheap checks first (metadata, memory): a run that cannot work fails before the model is built.
         from vla.models.factory import resolve_config
+        from vla.training.data import resolve_hub_dataset, resolve_weights
         from vla.training.preflight import check_dataset_before_model, check_memory
 
+        resolve_hub_dataset(cfg.data)  # hub ids: from the cache (or fetched) before anything is built
+        weights = resolve_weights(cfg.model)
         policy_config = resolve_config(cfg.model.preset, **cfg.model.policy_overrides())
         check_dataset_before_model(cfg, policy_config)
         launched = launched_world_size()
@@ -181,8 +184,14 @@ class Trainer:
         )
         torch.manual_seed(trainer.seed)  # identical initial weights on every rank
         policy = build_policy(policy_config)
-        if cfg.model.weights:
-            _load_weights(policy, cfg.model.weights, cfg.model.weights_format)
+        self._weights_note = None
+        if weights:
+            report = _load_weights(policy, weights, cfg.model.weights_format)
+            self._weights_note = (
+                f"model.weights: {len(report.loaded)} tensors loaded from {weights}"
+                + (f" ({cfg.model.weights})" if weights != cfg.model.weights else "")
+                + f", {len(report.left_initialised)} left initialised, {len(report.ignored)} ignored"
+            )
         cfg.parallel, self._parallel_note = resolve_auto(cfg.parallel, launched, policy)
         self.accelerator = setup_accelerator(cfg.parallel, trainer.precision, shard_unit_classes(policy))
         acc = self.accelerator
@@ -214,9 +223,10 @@ class Trainer:
             enabled=self.is_main,
             total_steps=trainer.steps,
             progress_bar=trainer.progress_bar,
-            tensorboard=trainer.tensorboard,
-            wandb=trainer.wandb,
+            tensorboard="tensorboard" in trainer.tracker,
+            wandb="wandb" in trainer.tracker,
             wandb_project=trainer.wandb_project,
+            wandb_mode=trainer.wandb_mode,
             run_name=cfg.run_name,
             config=asdict(cfg),
         )
@@ -502,6 +512,8 @@ class Trainer:
             self.tracker.print(self._parallel_note)
         if self._memory_note:
             self.tracker.print(self._memory_note)
+        if self._weights_note:
+            self.tracker.print(self._weights_note)
         self.tracker.print(self.routing)
         for note in self.data.notes:
             self.tracker.print(note)
@@ -613,9 +625,12 @@ class Trainer:
                     rank=self.rank,
                     lerobot_config=run_lerobot_config(policy_config, self.data),
                 )
+            if policy_config.kind == "pi0":
+                self._write_lerobot_processor(policy_config)
             if policy_config.kind == "pi0" and lerobot_unsupported(policy_config):
                 self.tracker.print(
-                    f"export: LeRobot-named weights, but no pretrained_model/ (LeRobot cannot build this size: "
+                    "export: LeRobot-named weights and LeRobot's processor files, but no "
+                    "pretrained_model/config.json (LeRobot cannot build this size: "
                     f"{lerobot_unsupported(policy_config)})"
                 )
         # After the export, so a failing simulator never costs the trained policy.
@@ -623,6 +638,23 @@ class Trainer:
         summary = self._summary(history, last_loss, val_loss, export, stopped, open_loop, closed_loop)
         self.tracker.close()
         return summary
+
+    def _write_lerobot_processor(self, policy_config: Any) -> None:
+        """LeRobot's processor files in pretrained_model/ (rank 0; every rank learns of a failure)."""
+        from vla.training.checkpoint import _agree, _capture, _first
+        from vla.training.export import LEROBOT_DIR, write_lerobot_processor_for
+
+        failed: list[BaseException] = []
+        if self.is_main:
+            with _capture(failed):
+                write_lerobot_processor_for(
+                    self.output_dir / LEROBOT_DIR,
+                    policy_config,
+                    self.data.processor,
+                    self.data.meta.features,
+                    self.data.meta.stats,
+                )
+        _agree(_first(failed), f"writing LeRobot's processor files into {self.output_dir / LEROBOT_DIR}")
 
     def _stop_on_non_finite_validation(self, val_loss: float | None) -> None:
         """A NaN/inf validation loss ends the run with an error, after saving this step's (finite) weights."""
@@ -687,7 +719,7 @@ class Trainer:
             checkpoint=str(latest) if latest else None,
             export=str(export) if export else None,
             metrics=str(self.tracker.metrics_path),
-            tensorboard=str(self.output_dir / "tb") if self.cfg.trainer.tensorboard else None,
+            tensorboard=str(self.output_dir / "tb") if "tensorboard" in self.cfg.trainer.tracker else None,
             stopped_early=stopped,
             world_size=self.world,
             layout=parameter_layout(self.model),
@@ -783,7 +815,7 @@ def _describe_routing(optimizer: torch.optim.Optimizer) -> str:
     return f"optimizer: {type(optimizer).__name__} on {count:,} parameters"
 
 
-def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
+def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> Any:
     from safetensors import SafetensorError
 
     from vla.eval.exported import DamagedExportError, check_export_bytes
@@ -791,13 +823,14 @@ def _load_weights(policy: torch.nn.Module, path: str, fmt: str) -> None:
 
     if not Path(path).exists():
         raise FileNotFoundError(
-            f"model.weights={path!r} does not exist; give a local .safetensors file or directory"
+            f"model.weights={path!r} does not exist; give a local .safetensors file or directory, or a hub id "
+            "(org/name, through the Hugging Face cache)"
         )
     files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
     for file in files:
         check_export_bytes(file)
     try:
-        load_weights(policy, path, fmt)
+        return load_weights(policy, path, fmt)
     except SafetensorError as exc:
         raise DamagedExportError(
             f"model.weights={path!r}: a safetensors file there cannot be read ({exc}): truncated or damaged. "

@@ -63,7 +63,7 @@ def setup_accelerator(parallel: ParallelConfig, precision: str, shard_unit_class
         ],
     }
     plugin = None
-    if parallel.mode == "fsdp2":
+    if parallel.mode in ("fsdp2", "hsdp"):
         plugin = FullyShardedDataParallelPlugin(
             fsdp_version=2,
             auto_wrap_policy="transformer_based_wrap",
@@ -87,9 +87,26 @@ def setup_accelerator(parallel: ParallelConfig, precision: str, shard_unit_class
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
         accelerator.state.distributed_type = DistributedType.FSDP
         accelerator.state.fsdp_plugin = plugin
+    if parallel.mode == "hsdp":
+        _use_hsdp_mesh(accelerator, parallel)
         if mixed_precision != "no":
             plugin.set_mixed_precision(mixed_precision)
     return accelerator
+
+
+def _use_hsdp_mesh(accelerator: Accelerator, parallel: ParallelConfig) -> None:
+    """Give Accelerate's FSDP2 path a (dp_replicate, dp_shard) mesh: fully_shard then replicates across
+    the first dimension and shards along the second (HSDP). Set after construction because Accelerate
+    validates a ParallelismConfig against the device type, and refuses CPU processes."""
+    from accelerate.parallelism_config import ParallelismConfig
+
+    from vla.training.config import hsdp_replicas
+
+    world = accelerator.num_processes
+    replicas = hsdp_replicas(parallel, world)
+    config = ParallelismConfig(dp_replicate_size=replicas, dp_shard_size=world // replicas)
+    accelerator.state.parallelism_config = config
+    accelerator.state.device_mesh = config.build_device_mesh(accelerator.device.type)
 
 
 def shard_unit_classes(policy: nn.Module) -> list[str]:

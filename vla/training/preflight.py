@@ -30,15 +30,17 @@ class InsufficientMemoryError(RuntimeError):
 
 
 def check_dataset_before_model(cfg: Any, policy_config: Any) -> None:
-    """Validate an existing dataset's metadata against the data config and the policy (cheap)."""
+    """Load and check the tokenizer, validate an existing dataset's metadata against the data config and
+    the policy (cheap)."""
     from vla.data.metadata import DatasetMetadata
     from vla.data.processor import validate_dataset
-    from vla.training.data import processor_config
+    from vla.training.data import check_tokenizer, processor_config
 
     root = Path(cfg.data.root)
-    if not (root / "meta" / "info.json").is_file():
-        return  # a generated source writes it on first use (checked then); a missing lerobot root fails later
-    validate_dataset(processor_config(cfg.data, policy_config), DatasetMetadata(root))
+    # A generated source writes its metadata on first use (checked then); a missing lerobot root fails later.
+    if (root / "meta" / "info.json").is_file():
+        validate_dataset(processor_config(cfg.data, policy_config), DatasetMetadata(root))
+    check_tokenizer(cfg.data, policy_config)
 
 
 @dataclass
@@ -87,8 +89,12 @@ def estimate_memory(cfg: Any, policy_config: Any, world: int) -> MemoryEstimate:
     total = sum(p.numel() for p in policy.parameters())
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     bf16 = cfg.trainer.precision == "bf16"
-    sharded = cfg.parallel.mode == "fsdp2" and world > 1
+    sharded = cfg.parallel.mode in ("fsdp2", "hsdp") and world > 1
     share = world if sharded else 1
+    if sharded and cfg.parallel.mode == "hsdp":
+        from vla.training.config import hsdp_replicas
+
+        share = max(1, world // max(1, hsdp_replicas(cfg.parallel, world)))  # shards per replica
     # Mixed precision keeps fp32 master weights; AdamW two moments, Muon one (its AdamW part is small).
     optimizer_bytes = 8 if cfg.optim.name == "adamw" else 4
     micro_batch = max(1, cfg.trainer.batch_size // (max(1, world) * cfg.trainer.grad_accum))

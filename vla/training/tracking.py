@@ -37,6 +37,7 @@ class Tracker:
         tensorboard: bool = True,
         wandb: bool = False,
         wandb_project: str = "vla",
+        wandb_mode: str | None = None,
         run_name: str = "run",
         config: dict[str, Any] | None = None,
     ) -> None:
@@ -62,13 +63,18 @@ class Tracker:
                 import wandb as wandb_module  # noqa: F401 (checked now, initialised at the first record)
             except ImportError as exc:
                 raise ValueError(
-                    "trainer.wandb=true needs `pip install wandb` (or set trainer.wandb=false)"
+                    "trainer.tracker=wandb needs `pip install wandb` (or the [wandb] extra), or "
+                    "trainer.tracker=tensorboard"
                 ) from exc
             self._wandb_init = {
                 "project": wandb_project,
                 "name": run_name,
                 "config": config,
                 "dir": str(output_dir),
+                # One wandb run per run directory: a resume continues it instead of starting another.
+                "id": wandb_run_id(output_dir),
+                "resume": "allow",
+                **({"mode": wandb_mode} if wandb_mode else {}),
             }
         if progress_bar and self.console.is_terminal:
             self._progress = Progress(
@@ -150,3 +156,10 @@ class Tracker:
             self._wandb.finish()
         if self._file is not None:
             self._file.close()
+
+
+def wandb_run_id(output_dir: Path) -> str:
+    """The wandb run id of a run directory: stable across resumes (and processes), distinct across dirs."""
+    import hashlib
+
+    return hashlib.sha1(str(Path(output_dir).resolve()).encode()).hexdigest()[:16]

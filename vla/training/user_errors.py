@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[2]
@@ -110,3 +112,14 @@ def describe(exc: BaseException) -> str:
         ]
     lines[0] = f"error: {lines[0]}"
     return "\n".join([*lines, "(set VLA_TRACEBACK=1 or HYDRA_FULL_ERROR=1 for the traceback)"])
+
+
+def report_user_errors(main: Callable[[], int]) -> int:
+    """Run a script's main(): a user error prints describe()'s block and returns 1; a bug raises."""
+    try:
+        return main()
+    except Exception as exc:
+        if is_user_error(exc) and not traceback_requested():
+            print(describe(exc), file=sys.stderr, flush=True)
+            return 1
+        raise
