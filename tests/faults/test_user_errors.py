@@ -48,15 +48,31 @@ CASES = [
         ["data.image_transforms.enable=true", "+data.image_transforms.tfs={x: {type: Blur}}"],
         "Blur",
     ),
-    # Full pi0 on this machine: the dataset's cameras, then memory, are checked before the model is built.
+    # Full pi0 on this machine: the dataset's cameras, the tokenizer, then memory, are checked before the model
+    # is built.
     (
         "pi0_without_camera_map",
         ["model=pi0"],
         "(data.camera_map) targets ['top', 'wrist']",
     ),
     (
-        "pi0_too_big",
+        "pi0_without_paligemma_tokenizer",
         ["model=pi0", "data.camera_map={observation.images.top: base_0_rgb}"],
+        "tokenizer 'google/paligemma-3b-pt-224' (data.tokenizer_path) is not in the Hugging Face cache",
+    ),
+    (
+        "pi0_with_a_small_tokenizer",
+        ["model=pi0", "data.camera_map={observation.images.top: base_0_rgb}", "data.tokenizer_path=builtin"],
+        "data.check_tokenizer_vocab=false",
+    ),
+    (
+        "pi0_too_big",
+        [
+            "model=pi0",
+            "data.camera_map={observation.images.top: base_0_rgb}",
+            "data.tokenizer_path=builtin",
+            "data.check_tokenizer_vocab=false",
+        ],
         "this run needs about",
     ),
     ("unknown_override_key", ["trainer.stepz=3"], "stepz"),
