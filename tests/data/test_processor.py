@@ -171,3 +171,25 @@ def test_dataloader_with_two_workers_matches_in_process_loading(video_dataset) -
         assert a.observation.images["base_0_rgb"].dtype == torch.float32  # finalized by the loader
         torch.testing.assert_close(a.observation.images["base_0_rgb"], b.observation.images["base_0_rgb"])
         torch.testing.assert_close(a.actions, b.actions)
+
+
+def test_raw_uint8_frames_are_resized_in_float_as_lerobot_does(image_dataset) -> None:
+    """Inference (float output): raw uint8 environment frames (H, W, 3) are scaled to [0, 1] and resized in
+    float, as LeRobot's pi0 preprocessing does (bilinear, align_corners=False, no antialias when enlarging),
+    so the two give the same pixels; uint8 transport still resizes uint8 (within one intensity level)."""
+    import torch.nn.functional as F
+
+    processor, _ = processor_and_dataset(image_dataset.root, image_size=56)
+    frames = np.random.default_rng(0).integers(0, 256, size=(2, 28, 28, 3), dtype=np.uint8)
+    items = [
+        {"observation.images.top": f, "observation.images.wrist": f, "observation.state": torch.zeros(STATE_DIM),
+         "task": "t"} for f in frames
+    ]  # fmt: skip
+    ours = processor.observation(items).images["base_0_rgb"]
+    reference = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0
+    reference = F.interpolate(reference, size=(56, 56), mode="bilinear", align_corners=False) * 2.0 - 1.0
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+    transported, _ = processor_and_dataset(image_dataset.root, image_size=56, uint8_images=True)
+    shipped = transported.finalize(Batch(observation=transported.observation(items), actions=None,
+                                         action_is_pad=None, action_dim_mask=None, meta={}))  # fmt: skip
+    assert (shipped.observation.images["base_0_rgb"] - reference).abs().max() <= 2.0 / 255.0 + 1e-6

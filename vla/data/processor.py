@@ -170,6 +170,10 @@ class BatchProcessor:
                 )
             if config.uint8_images and stacked.dtype != torch.uint8:
                 stacked = stacked.mul(255.0).round_().clamp_(0, 255).to(torch.uint8)
+            elif not config.uint8_images and stacked.dtype == torch.uint8:
+                # Float output (inference: vla.eval.policy_runner): resize in float, as LeRobot and openpi
+                # do, so raw uint8 frames give what their processors give (uint8 transport keeps uint8).
+                stacked = stacked.to(torch.float32).div_(255.0)
             if augment is not None:
                 stacked = augment.augment(stacked, camera, _augment_keys(items))
             if not config.resize_on_finalize:
