@@ -345,6 +345,10 @@ class TrainerConfig:
     min_lr_ratio: float = 0.1
     seed: int = 0
     precision: str = "fp32"
+    # torch.compile each shard unit (layer pair, vision block) before sharding, as torchtitan does;
+    # compile_mode: null (inductor's default) | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
+    compile: bool = False
+    compile_mode: str | None = None
     ema_decay: float | None = None
     log_every: int = 1
     val_every: int = 50
@@ -395,6 +399,12 @@ class TrainerConfig:
         _positive("trainer.stop_grace_s", self.stop_grace_s)
         _choice("trainer.schedule", self.schedule, SCHEDULES)
         _choice("trainer.precision", self.precision, PRECISIONS)
+        if self.compile_mode is not None:
+            _choice(
+                "trainer.compile_mode",
+                self.compile_mode,
+                ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
+            )
         _choice("trainer.nan_policy", self.nan_policy, NAN_POLICIES)
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise ValueError(f"trainer.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")

@@ -90,6 +90,8 @@ class Summary:
     open_loop: dict[str, Any] | None = None
     closed_loop: dict[str, Any] | None = None
     skipped_steps: int = 0  # steps skipped under trainer.nan_policy=skip
+    # trainer.compile: the first step's time beyond the median step (compiling, mostly); None without compile
+    compile_s: float | None = None
     status: str = "finished"  # or "stopped" (SIGINT/SIGTERM; train.py exits 130)
 
 
@@ -214,6 +216,16 @@ class Trainer:
         _set_action_dim_from_data(policy, self.data.processor.action_dim)
         optimizer = build_optimizer(cfg.optim, policy)
         self.routing = _describe_routing(optimizer)
+        self._compile_note = None
+        if trainer.compile:
+            from vla.training.parallel import compile_units
+
+            compiled = compile_units(policy, trainer.compile_mode)
+            self._compile_note = (
+                f"trainer.compile: {compiled} blocks compiled (mode {trainer.compile_mode or 'default'}); the "
+                "first step (and the first validation, evaluation and sampling calls) include compiling: "
+                "compile_s in the summary"
+            )
         self.model, self.optimizer = prepare(acc, policy, optimizer)
         self.scheduler = build_scheduler(self.optimizer, trainer)
         self.ema = EMA(self.model, trainer.ema_decay) if trainer.ema_decay else None
@@ -514,6 +526,8 @@ class Trainer:
             self.tracker.print(self._memory_note)
         if self._weights_note:
             self.tracker.print(self._weights_note)
+        if self._compile_note:
+            self.tracker.print(self._compile_note)
         self.tracker.print(self.routing)
         for note in self.data.notes:
             self.tracker.print(note)
@@ -709,6 +723,9 @@ class Trainer:
         if steady:
             for key in ("data_s", "forward_backward_s", "optimizer_s", "optimizer_comm_s", "total_s"):
                 medians[key] = statistics.median(getattr(t, key) for t in steady)
+        compile_s = None
+        if self.cfg.trainer.compile and history and medians:
+            compile_s = max(0.0, history[0].total_s - medians["total_s"])
         latest = self.checkpoints.latest()
         summary = Summary(
             output_dir=str(self.output_dir),
@@ -727,6 +744,7 @@ class Trainer:
             closed_loop=closed_loop,
             skipped_steps=self.skipped,
             status="stopped" if stopped else "finished",
+            compile_s=compile_s,
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -766,6 +784,10 @@ def format_summary(summary: Summary) -> str:
         lines.append(
             f"  step time (median) {m['total_s']:.3f}s = data {m['data_s']:.3f} + forward/backward "
             f"{m['forward_backward_s']:.3f} + optimizer {m['optimizer_s']:.3f} (exposed comm {m['optimizer_comm_s']:.3f})"
+        )
+    if summary.compile_s is not None:
+        lines.append(
+            f"  compile           {summary.compile_s:.1f}s (the first step beyond the median; trainer.compile)"
         )
     if summary.open_loop:
         o = summary.open_loop

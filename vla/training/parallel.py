@@ -109,6 +109,26 @@ def _use_hsdp_mesh(accelerator: Accelerator, parallel: ParallelConfig) -> None:
     accelerator.state.device_mesh = config.build_device_mesh(accelerator.device.type)
 
 
+def compile_units(policy: nn.Module, mode: str | None) -> int:
+    """torch.compile every shard unit of the policy in place (per block, before FSDP2 wraps them, as
+    torchtitan does): one graph per block type, reused by every block of that type, each block still
+    an FSDP2 unit. Random ops inside compiled code draw from eager's generator (inductor's
+    fallback_random), so a compiled run samples what an eager run samples. Returns the units compiled."""
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+    # Every block class shares one code object (the checkpointing layer's __call__), and blocks differ
+    # in what dynamo guards on: training vs evaluation (grad mode), the last layer's frozen weights,
+    # prefix vs suffix lengths, sampling's KV cache. Past the default limit of 8 variants dynamo would
+    # silently run the rest eager.
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+    units = list(policy.shard_units()) if hasattr(policy, "shard_units") else []
+    for unit in units:
+        unit.compile(mode=mode)
+    return len(units)
+
+
 def shard_unit_classes(policy: nn.Module) -> list[str]:
     """Class names of the modules FSDP2 wraps one by one (each layer pair, each vision block)."""
     return sorted({type(module).__name__ for module in policy.shard_units()})
