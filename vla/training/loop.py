@@ -165,7 +165,7 @@ class Trainer:
         trainer = cfg.trainer
         # Cheap checks first (metadata, memory): a run that cannot work fails before the model is built.
         from vla.models.factory import resolve_config
-        from vla.training.data import resolve_hub_dataset, resolve_weights
+        from vla.training.data import check_tokenizer, resolve_hub_dataset, resolve_weights
         from vla.training.preflight import check_dataset_before_model, check_memory
 
         resolve_hub_dataset(cfg.data)  # hub ids: from the cache (or fetched) before anything is built
@@ -184,6 +184,9 @@ class Trainer:
             if trainer.check_memory
             else None
         )
+        # After the memory check (a run too big for the device is refused whatever its tokenizer), before
+        # the model: PaliGemma's tokenizer may need the Hugging Face cache.
+        check_tokenizer(cfg.data, policy_config)
         torch.manual_seed(trainer.seed)  # identical initial weights on every rank
         policy = build_policy(policy_config)
         self._weights_note = None

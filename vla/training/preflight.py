@@ -30,17 +30,15 @@ class InsufficientMemoryError(RuntimeError):
 
 
 def check_dataset_before_model(cfg: Any, policy_config: Any) -> None:
-    """Load and check the tokenizer, validate an existing dataset's metadata against the data config and
-    the policy (cheap)."""
+    """Validate an existing dataset's metadata against the data config and the policy (cheap)."""
     from vla.data.metadata import DatasetMetadata
     from vla.data.processor import validate_dataset
-    from vla.training.data import check_tokenizer, processor_config
+    from vla.training.data import processor_config
 
     root = Path(cfg.data.root)
     # A generated source writes its metadata on first use (checked then); a missing lerobot root fails later.
     if (root / "meta" / "info.json").is_file():
         validate_dataset(processor_config(cfg.data, policy_config), DatasetMetadata(root))
-    check_tokenizer(cfg.data, policy_config)
 
 
 @dataclass
