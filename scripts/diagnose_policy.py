@@ -128,19 +128,19 @@ def main() -> int:
             f"error: {args.run_dir} was not trained on MetaWorld (data.source={data.get('source')!r})",
             file=sys.stderr,
         )
-        return 2
+        return 1
     root = run_dataset_root(args.run_dir, MARKER_PATH)
     if root is None:
         print(
             f"error: the dataset of {args.run_dir} (data.root={data.get('root')!r}) is not found",
             file=sys.stderr,
         )
-        return 2
+        return 1
     torch.set_num_threads(1)
     trained = sorted(training_seeds(root).get(args.task, set()))
     if not trained:
         print(f"error: {args.task} is not among the tasks {args.run_dir} trained on", file=sys.stderr)
-        return 2
+        return 1
     metaworld = data.get("metaworld") or {}
     actor = load_run_policy(args.run_dir)
     env = MetaWorldEnv(
@@ -176,4 +176,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from vla.training.user_errors import report_user_errors
+
+    sys.exit(report_user_errors(main))

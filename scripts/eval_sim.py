@@ -150,7 +150,7 @@ def main() -> int:
                     t.layout = layout_report(t.task, seeds, exclude[t.task])
     except (SimError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     write_report(report, args.json, args.json.with_suffix(".png"))
     print(f"\n{report.policy}: closed-loop success, {args.episodes} episodes per task, seeds {args.seed}..")
     print(

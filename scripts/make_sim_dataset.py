@@ -92,7 +92,7 @@ def main() -> int:
             )
     except (SimError, DatasetError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return 1
     from vla.sim.demos import load_sim_marker
 
     marker = load_sim_marker(root)

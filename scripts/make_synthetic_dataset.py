@@ -9,6 +9,7 @@ See vla/data/synthetic.py for the world, the expert and the features.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def main() -> None:
+def main() -> int:
     args = parse_args()
     config = SyntheticConfig(
         episodes=args.episodes,
@@ -57,7 +58,10 @@ def main() -> None:
         f"wrote {root}: {config.episodes} episodes, {frames} frames, cameras {list(config.cameras)} "
         f"({storage}) in {time.perf_counter() - start:.1f} s"
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    from vla.training.user_errors import report_user_errors
+
+    sys.exit(report_user_errors(main))

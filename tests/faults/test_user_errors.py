@@ -75,6 +75,35 @@ CASES = [
         ["model=pi0", "data.camera_map={observation.images.top: base_0_rgb}"],
         "this run needs about",
     ),
+    # Data sources, hub ids and tokenizers (offline: HF_HUB_OFFLINE=1, an empty cache)
+    ("lerobot_without_root", ["data=lerobot", "data.root=null"], "data.root is not set"),
+    ("repo_id_needs_lerobot", ["data.repo_id=acme/reach"], "needs data=lerobot"),
+    (
+        "repo_id_not_cached",
+        ["data=lerobot", "data.repo_id=acme/reach"],
+        "hf download acme/reach --repo-type dataset",
+    ),
+    (
+        "weights_id_not_cached",
+        ["model.weights=acme/reach-policy"],
+        "model.weights=acme/reach-policy: not in the Hugging",
+    ),
+    ("missing_tokenizer_dir", ["data.tokenizer_path=/nonexistent/tok"], "tokenizer path /nonexistent/tok"),
+    ("tokenizer_too_big", ["data.tokenizer_path=google/paligemma-3b-pt-224"], "data.tokenizer_path"),
+    ("bad_val_fraction", ["data.val_fraction=1.5"], "data.val_fraction"),
+    ("bad_norm_mode", ["data.norm_modes={action: FOO}"], "data.norm_modes"),
+    ("bad_dart_noise", ["data=metaworld", "data.metaworld.action_noise=2"], "data.metaworld.action_noise"),
+    # Trainer, trackers, compile
+    ("unknown_tracker", ["trainer.tracker=csv"], "trainer.tracker"),
+    ("unknown_wandb_mode", ["trainer.wandb_mode=cloud"], "trainer.wandb_mode"),
+    ("unknown_compile_mode", ["trainer.compile_mode=fast"], "trainer.compile_mode"),
+    ("bad_ema_decay", ["trainer.ema_decay=1.5"], "trainer.ema_decay"),
+    ("unknown_schedule", ["trainer.schedule=step"], "trainer.schedule"),
+    ("zero_batch", ["trainer.batch_size=0"], "trainer.batch_size"),
+    ("resume_path_missing", ["trainer.resume=/nonexistent/ckpt"], "/nonexistent/ckpt"),
+    # Launch layouts on one process
+    ("ddp_on_one_process", ["parallel=ddp"], "parallel=ddp needs several processes"),
+    ("hsdp_on_one_process", ["parallel=hsdp"], "parallel=hsdp needs replicas"),
     ("unknown_override_key", ["trainer.stepz=3"], "stepz"),
     ("not_an_int", ["trainer.steps=abc"], "trainer.steps"),
     ("unknown_group_option", ["optim=sgd"], "optim"),
@@ -100,9 +129,7 @@ def test_a_user_error_is_one_short_block(synthetic_dataset, tmp_path, case, over
     ours = stderr.startswith("error: ")
     # Hydra's own override errors (unknown key, bad type, missing group option) keep its format.
     assert len(stderr.splitlines()) <= (6 if ours else 14), stderr
-    assert not (tmp_path / "run").exists() or case == "resume_missing_checkpoint", (
-        "a failed start left a run dir"
-    )
+    assert not (tmp_path / "run").exists() or case.startswith("resume_"), "a failed start left a run dir"
     if case.startswith("pi0_"):  # no 45 s / 12 GB model build first (the imports alone take ~6 s here)
         assert elapsed < 30, elapsed
 
@@ -113,3 +140,30 @@ def test_a_bug_keeps_its_traceback_and_the_switch_shows_a_user_errors(synthetic_
     assert (
         shown.returncode == 1 and "Traceback" in shown.stderr and "trainer.steps must be > 0" in shown.stderr
     )
+
+
+# Scripts: (case id, script and arguments (TMP: a fresh directory), expected text)
+SCRIPT_CASES = [
+    ("export_lerobot_missing_run", ["scripts/export_lerobot.py", "TMP/none"], "no processor.json"),
+    ("diagnose_missing_run", ["scripts/diagnose_policy.py", "TMP/none", "--task", "reach-v3"], "not a training run"),
+    ("synthetic_zero_episodes", ["scripts/make_synthetic_dataset.py", "--episodes", "0", "--root", "TMP/d"],
+     "synthetic episodes must be >= 1"),
+    ("sim_dataset_bad_noise", ["scripts/make_sim_dataset.py", "--action-noise", "3", "--root", "TMP/d"],
+     "action_noise must be in [0, 1]"),
+    ("sim_dataset_zero_episodes", ["scripts/make_sim_dataset.py", "--episodes", "0", "--root", "TMP/d"],
+     "episodes must be >= 1"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "args", "expected"), SCRIPT_CASES, ids=[c[0] for c in SCRIPT_CASES])
+def test_a_script_user_error_is_one_short_block(tmp_path, case, args, expected) -> None:
+    args = [a.replace("TMP", str(tmp_path)) for a in args]
+    env = {k: v for k, v in os.environ.items() if k not in ("VLA_TRACEBACK", "HYDRA_FULL_ERROR")}
+    result = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=240, env=env
+    )
+    stderr = result.stderr.strip()
+    assert result.returncode == 1, (result.returncode, stderr[-2000:])
+    assert "Traceback" not in stderr and expected in stderr, stderr
+    assert stderr.startswith("error: ") and len(stderr.splitlines()) <= 6, stderr
+    assert not (tmp_path / "d").exists()

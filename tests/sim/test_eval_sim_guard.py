@@ -41,14 +41,14 @@ METAWORLD = {"tasks": ["reach-v3"], "cameras": ["topview"], "resolution": 48}
 def test_a_run_not_trained_on_metaworld_says_so_in_one_line(tmp_path) -> None:
     run = _run_dir(tmp_path, {"source": "synthetic", "root": "data/synthetic"})
     result = _eval(run, cwd=tmp_path)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "data.source='synthetic', not MetaWorld" in result.stderr
 
 
 def test_a_run_whose_dataset_is_missing_is_refused_unless_told(tmp_path) -> None:
     run = _run_dir(tmp_path, {"source": "metaworld", "root": "data/moved_away", "metaworld": METAWORLD})
     result = _eval(run, cwd=tmp_path)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "data.root='data/moved_away'" in result.stderr and "--unknown-training-seeds" in result.stderr
     assert str(tmp_path / "data" / "moved_away") in result.stderr  # where it looked
 

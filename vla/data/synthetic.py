@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from vla.data.errors import DatasetError
 from vla.data.generated import ensure_generated, write_atomically
 from vla.data.writer import LeRobotDatasetWriter
 
@@ -183,6 +184,10 @@ class ReachWorld:
         return bool(self.state[5] > 0.5 and np.hypot(*(self.state[:2] - self.target)) < REACH_RADIUS)
 
 
+class DatasetConfigError(DatasetError, ValueError):
+    """A synthetic dataset setting out of range."""
+
+
 @dataclass
 class SyntheticConfig:
     episodes: int = 30
@@ -196,6 +201,13 @@ class SyntheticConfig:
     noise_std: float = 0.01
     colours: int = 4
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("episodes", "episode_length", "image_size", "fps"):
+            if getattr(self, name) < 1:
+                raise DatasetConfigError(f"synthetic {name} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.colours <= 4:
+            raise DatasetConfigError(f"synthetic colours (targets per episode) must be in 1..4, got {self.colours}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
