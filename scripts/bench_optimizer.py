@@ -109,15 +109,21 @@ def worker(args: argparse.Namespace) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo")
+    cuda = args.device == "cuda"
+    if cuda:
+        if not torch.cuda.is_available():
+            raise SystemExit("bench_optimizer.py --device cuda: no CUDA device here")
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(args.device, (world,))
     parameters = DOMINANT_SHAPES if args.shapes == "dominant" else preset_parameters(args.preset)
     names = [name for name in CONFIGS if not args.only or name in args.only]
     setups = {}
     for name in names:
-        model = StandIn(parameters)
+        with torch.device(args.device):
+            model = StandIn(parameters)
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -133,8 +139,12 @@ def worker(args: argparse.Namespace) -> None:
 
     def timed_step(opt) -> float:
         dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dist.barrier()
         return time.perf_counter() - start
 
@@ -176,7 +186,8 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
     adamw = results.get("adamw", {}).get("median_s")
     owner_only = results.get("dmuon_lpt", {}).get("median_s")
     label = "one-dominant-matrix shapes" if args.shapes == "dominant" else f"{args.preset} stand-ins"
-    print(f"\noptimizer.step() on {label}, FSDP2 over {world} gloo ranks, median of {args.steps}")
+    backend = "NCCL" if args.device == "cuda" else "gloo"
+    print(f"\noptimizer.step() on {label}, FSDP2 over {world} {backend} ranks, median of {args.steps}")
     print(
         f"{'config':<16} {'median ms':>10} {'naive / x':>10} {'x / adamw':>10} {'x / lpt*':>8} {'plan eff.':>9} "
         f"{'split':>5}   phases ms (momentum / orthogonalize (comm wait) / apply / adamw)"
@@ -240,6 +251,9 @@ def report(results: dict, args: argparse.Namespace, world: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank, NCCL (gloo on CPU)"
+    )
     parser.add_argument("--preset", default="pi0_small")
     parser.add_argument(
         "--shapes",

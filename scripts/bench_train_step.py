@@ -1,15 +1,19 @@
 """End-to-end training step time: AdamW vs naive Muon vs dmuon, on 1 and 2 processes (FSDP2, gloo).
 
     python scripts/bench_train_step.py [--model pi0_small] [--steps 6] [--warmup 2] [--batch 8]
-                                       [--nprocs 1,2] [--optims adamw,muon,dmuon] [--json PATH] [--plot PATH]
+                                       [--nprocs 1,2] [--optims adamw,muon,dmuon] [--compile off,on]
+                                       [--train-arg KEY=VALUE ...] [--json PATH] [--plot PATH]
 
 Each configuration is a real `train.py` run (the same seed, global batch, precision and data), one
 process with parallel=none or N processes under torchrun with parallel=fsdp2. From its
 metrics.jsonl the script takes the median over the steps after --warmup of the time split the
 trainer logs: data, forward+backward, optimizer (and the optimizer's exposed communication).
 
-Reported: the table, the JSON, a stacked-bar PNG, and at each process count the fraction of naive
-Muon's extra step time over AdamW that dmuon removes: (muon - dmuon) / (muon - adamw).
+Reported: the table (with each run's peak memory per rank and, compiled, its compile seconds), the
+JSON, a stacked-bar PNG, and at each process count the fraction of naive Muon's extra step time over
+AdamW that dmuon removes: (muon - dmuon) / (muon - adamw). --compile off,on runs every configuration
+eager and with trainer.compile=true; --train-arg passes any other train.py override (bf16, gradient
+checkpointing, ...) to every run.
 """
 
 from __future__ import annotations
@@ -29,7 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("data_s", "forward_backward_s", "optimizer_s", "optimizer_comm_s")
 
 
-def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out: Path) -> dict:
+def run_config(
+    model: str, optim: str, nproc: int, args: argparse.Namespace, out: Path, compiled: bool = False
+) -> dict:
     overrides = [
         f"model={model}",
         f"optim={optim}",
@@ -44,6 +50,8 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
         f"trainer.seed={args.seed}",
         f"output_dir={out}",
         f"data.root={args.data_root}",
+        f"trainer.compile={str(compiled).lower()}",
+        *args.train_arg,
     ]
     if nproc == 1:
         command = [sys.executable, "train.py", *overrides]
@@ -61,6 +69,9 @@ def run_config(model: str, optim: str, nproc: int, args: argparse.Namespace, out
     medians = {part: statistics.median(r[part] for r in rows) for part in PARTS}
     medians["step_s"] = statistics.median(r["step_s"] for r in rows)
     medians["loss_last"] = rows[-1]["loss"]
+    summary = json.loads((out / "summary.json").read_text())
+    medians["peak_memory_gib"] = summary.get("peak_memory_gib")
+    medians["compile_s"] = summary.get("compile_s")
     return medians
 
 
@@ -73,35 +84,50 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nprocs", default="1,2")
     parser.add_argument("--optims", default="adamw,muon,dmuon")
+    parser.add_argument("--compile", default="off", help="off, on, or off,on (both, side by side)")
+    parser.add_argument(
+        "--train-arg",
+        action="append",
+        default=[],
+        help="an extra train.py override for every run (repeatable)",
+    )
     parser.add_argument("--data-root", default="data/synthetic")
     parser.add_argument("--json", type=Path, default=Path("bench_results/train_step.json"))
     parser.add_argument("--plot", type=Path, default=Path("bench_results/train_step.png"))
     args = parser.parse_args()
     nprocs = [int(n) for n in args.nprocs.split(",")]
     optims = args.optims.split(",")
+    compiles = [c.strip() == "on" for c in args.compile.split(",")]
 
     results: dict[str, dict[str, dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for nproc in nprocs:
-            for optim in optims:
-                print(f"running {args.model} with {optim} on {nproc} process(es) ...", flush=True)
-                row = run_config(args.model, optim, nproc, args, Path(tmp) / f"{optim}-{nproc}")
-                results.setdefault(str(nproc), {})[optim] = row
+            for compiled in compiles:
+                for optim in optims:
+                    label = f"{optim}+compile" if compiled else optim
+                    print(f"running {args.model} with {label} on {nproc} process(es) ...", flush=True)
+                    row = run_config(args.model, optim, nproc, args, Path(tmp) / f"{label}-{nproc}", compiled)
+                    results.setdefault(str(nproc), {})[label] = row
 
     print(
         f"\n{args.model}, global batch {args.batch}, median of {args.steps} steps after {args.warmup} warmup"
     )
-    header = f"{'procs':>5} {'optim':<7} {'step s':>8} {'data':>7} {'fwd+bwd':>8} {'optim':>7} {'comm':>7} {'x adamw':>8}"
+    header = (
+        f"{'procs':>5} {'optim':<15} {'step s':>8} {'data':>7} {'fwd+bwd':>8} {'optim':>7} {'comm':>7} "
+        f"{'x adamw':>8} {'peak GiB':>9} {'compile s':>10}"
+    )
     print(header)
     print("-" * len(header))
     removed: dict[str, float] = {}
     for nproc, rows in results.items():
-        adamw = rows.get("adamw", {}).get("step_s")
         for optim, r in rows.items():
+            adamw = rows.get("adamw+compile" if optim.endswith("+compile") else "adamw", {}).get("step_s")
             ratio = r["step_s"] / adamw if adamw else float("nan")
+            peak = f"{r['peak_memory_gib']:.2f}" if r.get("peak_memory_gib") is not None else "-"
+            comp = f"{r['compile_s']:.1f}" if r.get("compile_s") is not None else "-"
             print(
-                f"{nproc:>5} {optim:<7} {r['step_s']:>8.3f} {r['data_s']:>7.3f} {r['forward_backward_s']:>8.3f} "
-                f"{r['optimizer_s']:>7.3f} {r['optimizer_comm_s']:>7.3f} {ratio:>8.2f}"
+                f"{nproc:>5} {optim:<15} {r['step_s']:>8.3f} {r['data_s']:>7.3f} {r['forward_backward_s']:>8.3f} "
+                f"{r['optimizer_s']:>7.3f} {r['optimizer_comm_s']:>7.3f} {ratio:>8.2f} {peak:>9} {comp:>10}"
             )
         if {"adamw", "muon", "dmuon"} <= rows.keys():
             extra = rows["muon"]["step_s"] - rows["adamw"]["step_s"]
@@ -115,6 +141,7 @@ def main() -> None:
         "model": args.model,
         "batch": args.batch,
         "steps": args.steps,
+        "train_args": args.train_arg,
         "results": results,
         "removed": removed,
     }

@@ -92,6 +92,8 @@ class Summary:
     skipped_steps: int = 0  # steps skipped under trainer.nan_policy=skip
     # trainer.compile: the first step's time beyond the median step (compiling, mostly); None without compile
     compile_s: float | None = None
+    # This rank's peak memory: CUDA memory allocated by torch on a GPU, the process's peak RSS on CPU
+    peak_memory_gib: float | None = None
     status: str = "finished"  # or "stopped" (SIGINT/SIGTERM; train.py exits 130)
 
 
@@ -748,6 +750,7 @@ class Trainer:
             skipped_steps=self.skipped,
             status="stopped" if stopped else "finished",
             compile_s=compile_s,
+            peak_memory_gib=_peak_memory_gib(self.device),
         )
         if self.is_main:
             (self.output_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=1))
@@ -767,6 +770,18 @@ def parameter_layout(model: torch.nn.Module) -> dict[str, Any]:
             dtensors += 1
             placements.add(str(tuple(p.placements)))
     return {"dtensor_params": dtensors, "placements": sorted(placements), "local_param_bytes": local_bytes}
+
+
+def _peak_memory_gib(device: torch.device) -> float | None:
+    """Peak memory of this rank so far: torch's CUDA allocations on a GPU, the process's peak RSS on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    except (ImportError, OSError):
+        return None
 
 
 def format_summary(summary: Summary) -> str:
