@@ -13,6 +13,7 @@ Plain `torchrun` works the same otherwise.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 
@@ -35,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"vla.launch: failed: {failed}; the error is printed above", file=sys.stderr)
         return 1
+    finally:
+        # The workers' first-error marker (vla.training.cli.report_once) is named after this process.
+        from vla.training.cli import remove_stale_error_markers
+
+        remove_stale_error_markers(os.getpid())
     return 0
 
 

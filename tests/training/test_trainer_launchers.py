@@ -61,9 +61,14 @@ def test_an_error_under_torchrun_is_reported_once(synthetic_dataset, tmp_path) -
     # is the quiet launcher).
     assert "Error executing job" not in output and "vla/training/" not in output
 
+    import tempfile
+
+    markers = set(Path(tempfile.gettempdir()).glob("vla-run-*.error"))
     quiet = _run(
         [sys.executable, "-m", "vla.launch", "--standalone", "--nproc-per-node=2", "train.py", *overrides]
     )
+    # The first-error marker the ranks shared is gone with its launch (no /tmp leftovers).
+    assert set(Path(tempfile.gettempdir()).glob("vla-run-*.error")) <= markers
     output = quiet.stdout + quiet.stderr
     assert quiet.returncode == 1
     assert output.count("trainer.batch_size=5 must divide by world size") == 1

@@ -17,6 +17,7 @@ import dataclasses
 import os
 import sys
 import tempfile
+import time
 import types
 import typing
 from collections.abc import Iterable
@@ -209,6 +210,22 @@ def _error_marker() -> Path | None:
     return Path(tempfile.gettempdir()) / f"vla-run-{launch}.error"
 
 
+ERROR_MARKER_GLOB = "vla-run-*.error"
+STALE_MARKER_S = 600.0
+
+
+def remove_stale_error_markers(launcher_pid: int | None = None) -> None:
+    """Remove error markers of launches that ended: those of `launcher_pid` (vla.launch, once its workers
+    exited), and any older than STALE_MARKER_S (a launch's ranks fail within its collective timeout of
+    each other; plain torchrun leaves its marker to this)."""
+    now = time.time()
+    for path in Path(tempfile.gettempdir()).glob(ERROR_MARKER_GLOB):
+        with contextlib.suppress(OSError):
+            ours = launcher_pid is not None and f"-{launcher_pid}-" in path.name
+            if ours or now - path.stat().st_mtime > STALE_MARKER_S:
+                path.unlink()
+
+
 def report_once(exc: BaseException) -> bool:
     """Under a multi-process launch, whether this rank reports `exc` (the first rank to fail does; ranks
     failing later with the same message stay quiet, with another one they print one line)."""
@@ -216,6 +233,7 @@ def report_once(exc: BaseException) -> bool:
     if marker is None:
         return True
     message = f"{type(exc).__name__}: {exc}"
+    remove_stale_error_markers()
     try:
         fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
