@@ -162,7 +162,9 @@ def test_script_writes_a_readable_dataset(tmp_path, monkeypatch, capsys) -> None
     argv = [str(SCRIPT), "--root", str(root), "--episodes", "2", "--episode-length", "12", "--image-size", "32",
             "--cameras", "top", "--no-video"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
-    runpy.run_path(str(SCRIPT), run_name="__main__")
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(SCRIPT), run_name="__main__")
+    assert exited.value.code == 0
     dataset = LeRobotDataset(root)
     assert dataset.num_episodes == 2 and len(dataset) == 24
     assert dataset.camera_keys == ["observation.images.top"]

@@ -38,8 +38,11 @@ def test_every_group_combination_composes_and_validates() -> None:
             data,
             parallel,
         )
-        validate(cfg, world_size=1 if parallel in ("none", "auto") else 2)
-    assert len(combos) == 7 * 3 * 3 * 4  # 7 model presets, 3 optimizers, 3 data sources, 4 parallel modes
+        world = {"none": 1, "auto": 1, "hsdp": 4}.get(parallel, 2)  # hsdp: 2 replicas x 2 shards
+        if parallel == "hsdp":
+            cfg.parallel.replicas = 2
+        validate(cfg, world_size=world)
+    assert len(combos) == 7 * 3 * 3 * 5  # 7 model presets, 3 optimizers, 3 data sources, 5 parallel modes
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))

@@ -85,8 +85,10 @@ def test_hsdp_on_two_nodes_of_two_follows_the_single_process_trajectory(runs, tm
     """parallel=hsdp on 4 ranks as 2 replicas x 2 shards: the (Replicate, Shard(0)) layout, half the bytes of
     one process per rank, and the single-process losses (DMuon routes over the 2-D mesh)."""
     out = tmp_path / "hsdp"
+    # The first 4 steps of the same 12-step schedule (4 ranks share 2 cores: kept short).
+    first_steps = ["trainer.steps=4", "trainer.schedule_steps=12", "trainer.warmup_steps=2"]
     run_torchrun(
-        tiny_overrides(runs["dataset"], out, *STEPS, "parallel=hsdp", "parallel.replicas=2"),
+        tiny_overrides(runs["dataset"], out, *first_steps, "parallel=hsdp", "parallel.replicas=2"),
         nproc=4,
         env={"OMP_NUM_THREADS": "1"},
         timeout=800,
@@ -95,8 +97,9 @@ def test_hsdp_on_two_nodes_of_two_follows_the_single_process_trajectory(runs, tm
     assert hsdp["world_size"] == 4 and hsdp["layout"]["placements"] == ["(Replicate(), Shard(dim=0))"]
     full = single["layout"]["local_param_bytes"]
     assert 0.45 * full < hsdp["layout"]["local_param_bytes"] < 0.56 * full  # sharded over 2, not 4
+    assert len(losses(out)) == 4
     torch.testing.assert_close(
-        torch.tensor(losses(out)), torch.tensor(losses(runs["single"])), rtol=2e-4, atol=0
+        torch.tensor(losses(out)), torch.tensor(losses(runs["single"])[:4]), rtol=2e-4, atol=0
     )
     # parallel.replicas must leave shard groups of >= 2 processes.
     bad = run_torchrun(
