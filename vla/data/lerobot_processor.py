@@ -17,12 +17,14 @@ on the model's size. Written by the end-of-run export and by scripts/export_lero
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from vla.atomic import write_file_atomically
+from vla.data.normalize import REQUIRED_STATS, NormMode
 
 PREPROCESSOR = "policy_preprocessor"
 POSTPROCESSOR = "policy_postprocessor"
@@ -119,11 +121,9 @@ def write_lerobot_processor(
     """
     from safetensors.numpy import save_file
 
-    needed = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99")}
-    needed["QUANTILE10"] = ("q10", "q90")
     for key, feature in {**input_features, **output_features}.items():
         mode = norm_map.get(feature["type"], "IDENTITY")
-        absent = [n for n in needed.get(mode, ()) if n not in stats.get(key, {})]
+        absent = [n for n in REQUIRED_STATS[NormMode(mode)] if n not in stats.get(key, {})]
         if absent:
             raise ValueError(
                 f"LeRobot's processor normalises {key!r} with {mode} but its stats lack {absent}; "
@@ -143,22 +143,10 @@ def write_lerobot_processor(
     written = []
     for name, document in ((f"{PREPROCESSOR}.json", pre), (f"{POSTPROCESSOR}.json", post)):
         text = json.dumps(document, indent=2)
-        written.append(_atomic(directory / name, lambda tmp, text=text: tmp.write_text(text)))
+        written.append(write_file_atomically(directory / name, lambda tmp, text=text: tmp.write_text(text)))
     for name in (NORMALIZER_FILE, UNNORMALIZER_FILE):
-        written.append(_atomic(directory / name, lambda tmp: save_file(tensors, str(tmp))))
+        written.append(write_file_atomically(directory / name, lambda tmp: save_file(tensors, str(tmp))))
     return written
-
-
-def _atomic(path: Path, write: Any) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 __all__ = [

@@ -45,7 +45,7 @@ class NormMode(StrEnum):
 
 _SPREAD_NAME = {NormMode.MEAN_STD: "std", NormMode.MIN_MAX: "max - min", NormMode.QUANTILES: "q99 - q01"}
 
-_REQUIRED = {
+REQUIRED_STATS = {  # the stats each mode reads
     NormMode.MEAN_STD: ("mean", "std"),
     NormMode.MIN_MAX: ("min", "max"),
     NormMode.QUANTILES: ("q01", "q99"),
@@ -84,7 +84,7 @@ class Normalizer:
         for key, mode in self.modes.items():
             if mode == NormMode.IDENTITY:
                 continue
-            needed = _REQUIRED[mode]
+            needed = REQUIRED_STATS[mode]
             if key not in stats:
                 raise StatsError(
                     f"{source}: no stats for {key!r} (needed for {mode.value}); stats exist for "

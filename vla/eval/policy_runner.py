@@ -103,17 +103,11 @@ def read_processor(path: Path | str) -> BatchProcessor:
         raise ValueError(f"{path} is not a processor state written by a training run: {exc}") from exc
 
 
-def load_exported_policy(path: Path | str) -> nn.Module:
-    """The policy in an exported safetensors file (the config comes from its "policy_config" metadata).
-
-    Reads both export layouts: LeRobot's pi0 names (exports since the LeRobot-compatible export) and our own
-    parameter names (older exports, and OpenVLA-style exports), detected from the keys.
-    """
-    from safetensors import SafetensorError
-
-    from vla.eval.exported import DamagedExportError, check_export_bytes, read_safetensors_metadata
-    from vla.models import build_policy
-    from vla.models.weights import load_weights
+def read_export_config(path: Path | str) -> Any:
+    """The PolicyConfig of an exported safetensors file (its "policy_config" metadata), bytes checked
+    against its sidecar digest; no weights are read."""
+    from vla.eval.exported import check_export_bytes, read_safetensors_metadata
+    from vla.models.factory import resolve_config
 
     path = Path(path)
     if not path.is_file():
@@ -127,7 +121,22 @@ def load_exported_policy(path: Path | str) -> nn.Module:
             f"{path} has no 'policy_config' in its metadata; it was not exported by vla.training (a LeRobot "
             "or PaliGemma checkpoint loads into a configured policy with train.py model.weights=...)"
         )
-    policy = build_policy(json.loads(metadata["policy_config"]))
+    return resolve_config(json.loads(metadata["policy_config"]))
+
+
+def load_exported_policy(path: Path | str) -> nn.Module:
+    """The policy in an exported safetensors file (the config comes from its "policy_config" metadata).
+
+    Reads both export layouts: LeRobot's pi0 names (exports since the LeRobot-compatible export) and our own
+    parameter names (older exports, and OpenVLA-style exports), detected from the keys.
+    """
+    from safetensors import SafetensorError
+
+    from vla.eval.exported import DamagedExportError
+    from vla.models import build_policy
+    from vla.models.weights import load_weights
+
+    policy = build_policy(read_export_config(path))
     try:
         load_weights(policy, path, "auto")
     except SafetensorError as exc:

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from vla.atomic import write_file_atomically
 from vla.checksums import write_sidecar
 from vla.models.config import (
     GEMMA_2B,
@@ -169,23 +170,20 @@ def lerobot_pi0_config(
     }
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _link_or_copy(source: Path, target: Path) -> None:
     target.unlink(missing_ok=True)
     try:
         os.link(source, target)
     except OSError:  # a filesystem without hard links
         shutil.copyfile(source, target)
+
+
+def _write_lerobot_model(directory: Path, weights: Path, lerobot_config: dict[str, Any]) -> None:
+    """PI0Policy.from_pretrained's files: model.safetensors (a link to `weights`) and config.json."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _link_or_copy(weights, directory / LEROBOT_WEIGHTS)
+    text = json.dumps(lerobot_config, indent=4)
+    write_file_atomically(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
 
 
 def export_header(config: PolicyConfig, layout: str) -> dict[str, str]:
@@ -212,11 +210,7 @@ def write_export(
         tensors = pi0_lerobot_tensors(state, config)
         _write_safetensors(tensors, path, export_header(config, "lerobot_pi0"))
         if lerobot_config is not None:
-            directory = output_dir / LEROBOT_DIR
-            directory.mkdir(parents=True, exist_ok=True)
-            _link_or_copy(path, directory / LEROBOT_WEIGHTS)
-            text = json.dumps(lerobot_config, indent=4)
-            _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
+            _write_lerobot_model(output_dir / LEROBOT_DIR, path, lerobot_config)
     else:
         _write_safetensors(state, path, export_header(config, "vla"))
     write_sidecar(path)  # policy.safetensors.sha256: loaders check the bytes against it
@@ -347,71 +341,64 @@ def export_for_lerobot(
     `run_dir/exports/<checkpoint name>`) gets policy.safetensors and pretrained_model/ from its weights.
     Returns the pretrained_model directory. One process.
     """
-    from vla.eval.policy_runner import load_exported_policy, read_processor
+    from vla.eval.policy_runner import read_export_config, read_processor
 
     run_dir = Path(run_dir)
     processor = read_processor(run_dir / "processor.json")
     meta = _run_dataset(run_dir)
     features = meta.features if meta is not None else _features_from_processor(processor)
     stats = meta.stats if meta is not None else None
-    pc = processor.config
 
-    def config_json(config: PolicyConfig) -> dict[str, Any] | None:
-        if lerobot_unsupported(config) is not None:
-            return None
-        return lerobot_pi0_config(
-            config,
-            features=features,
-            camera_map=dict(pc.camera_map),
-            state_key=pc.state_key,
-            action_key=pc.action_key,
-            norm_modes=dict(pc.norm_modes),
-            tokenizer_max_length=pc.max_prompt_length,
-        )
+    def require_pi0(config: PolicyConfig) -> None:
+        if not isinstance(config, Pi0Config):
+            raise ValueError(
+                f"{run_dir} trained a {config.kind} policy; LeRobot has no such policy to export for"
+            )
 
     if checkpoint is None:
-        policy = load_exported_policy(run_dir / EXPORT_FILE)
-        config = policy.config
-        target = Path(out) if out is not None else run_dir
-        directory = target / LEROBOT_DIR
+        config = read_export_config(run_dir / EXPORT_FILE)
+        require_pi0(config)
+        directory = (Path(out) if out is not None else run_dir) / LEROBOT_DIR
         directory.mkdir(parents=True, exist_ok=True)
-        lerobot_config = config_json(config)
+        lerobot_config = lerobot_config_for(config, processor.config, features)
         if lerobot_config is not None:
-            _link_or_copy(run_dir / EXPORT_FILE, directory / LEROBOT_WEIGHTS)
-            text = json.dumps(lerobot_config, indent=4)
-            _atomic_write(directory / LEROBOT_CONFIG, lambda tmp: tmp.write_text(text))
+            _write_lerobot_model(directory, run_dir / EXPORT_FILE, lerobot_config)
     else:
         checkpoint = Path(checkpoint)
         if not checkpoint.is_absolute() and not checkpoint.exists():
             checkpoint = run_dir / "checkpoints" / checkpoint
         policy, state = _policy_from_checkpoint(run_dir, checkpoint)
         config = policy.config
+        require_pi0(config)
         target = Path(out) if out is not None else run_dir / "exports" / checkpoint.name
         target.mkdir(parents=True, exist_ok=True)
-        write_export(state, config, target, config_json(config))
+        write_export(state, config, target, lerobot_config_for(config, processor.config, features))
         directory = target / LEROBOT_DIR
-    if not isinstance(config, Pi0Config):
-        raise ValueError(
-            f"{run_dir} trained a {config.kind} policy; LeRobot has no such policy to export for"
-        )
     write_lerobot_processor_for(directory, config, processor, features, stats)
     return directory
 
 
-def run_lerobot_config(config: PolicyConfig, data: Any) -> dict[str, Any] | None:
-    """LeRobot's config.json for a run (its policy config and DataPipeline), or None if LeRobot cannot build it."""
+def lerobot_config_for(
+    config: PolicyConfig, processor_config: Any, features: dict[str, dict[str, Any]]
+) -> dict[str, Any] | None:
+    """LeRobot's config.json for a policy trained through `processor_config` (vla.data.ProcessorConfig)
+    on a dataset with `features`, or None if LeRobot cannot build it."""
     if lerobot_unsupported(config) is not None:
         return None
-    processor = data.processor.config
     return lerobot_pi0_config(
         config,
-        features=data.meta.features,
-        camera_map=dict(processor.camera_map),
-        state_key=processor.state_key,
-        action_key=processor.action_key,
-        norm_modes=dict(processor.norm_modes),
-        tokenizer_max_length=processor.max_prompt_length,
+        features=features,
+        camera_map=dict(processor_config.camera_map),
+        state_key=processor_config.state_key,
+        action_key=processor_config.action_key,
+        norm_modes=dict(processor_config.norm_modes),
+        tokenizer_max_length=processor_config.max_prompt_length,
     )
+
+
+def run_lerobot_config(config: PolicyConfig, data: Any) -> dict[str, Any] | None:
+    """LeRobot's config.json for a run (its policy config and DataPipeline), or None if LeRobot cannot build it."""
+    return lerobot_config_for(config, data.processor.config, data.meta.features)
 
 
 __all__ = [
@@ -420,6 +407,7 @@ __all__ = [
     "LEROBOT_DIR",
     "export_for_lerobot",
     "export_policy",
+    "lerobot_config_for",
     "lerobot_features",
     "lerobot_norm_map",
     "lerobot_pi0_config",
