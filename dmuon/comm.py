@@ -4,16 +4,22 @@ Sharded domain (FSDP2 / HSDP), per bucket, inside each replica (one unless HSDP)
   1. pack:     this rank's piece of every matrix its replica computes, per receiving rank: for an
                owner its rows, for a split member the part of its rows inside the member's column
                chunk of X (a tall matrix split over its own shard group moves nothing);
-  2. exchange: one ragged all_to_all_single over the shard group (split sizes per rank, no padding);
+  2. exchange: a ragged all-to-all over the shard group (split sizes per rank, no padding), flat or
+               two-level across nodes (dmuon.exchange: (N - 1) + (L - 1) messages per rank on N
+               nodes of L ranks instead of W - 1);
   3. assemble: each owner / member stacks the pieces of its matrix or chunk in rank order;
   4. compute:  owners run NS with same-shape matrices batched into one (B, m, n) call; split groups
                run dmuon.split_ns on their chunks, batched per (group, shape);
-  5. return:   the reverse ragged all_to_all_single sends each rank its rows of every result;
-  6. fan-out:  HSDP only: over the replicate dimension, one broadcast per replica of the rows at
-               this shard position of the results that replica computed, so every replica gets
-               what the others computed. Exact sizes (no padding to the busiest replica), and a
-               ring/tree broadcast (NCCL) relays the bytes instead of the source sending them to
-               every replica itself.
+  5. return:   the reverse all-to-all sends each rank its rows of every result (in the wire dtype
+               when one is set: results only by default);
+  6. fan-out:  HSDP only, for buckets the replicas share: over the replicate dimension, one
+               broadcast per replica of the rows at this shard position of the results that
+               replica computed, so every replica gets what the others computed. Exact sizes (no
+               padding to the busiest replica), and a ring/tree broadcast (NCCL) relays the bytes
+               instead of the source sending them to every replica itself. A bucket the plan
+               marks replica-local (Plan.sharing(k) == 1) is computed by every replica on its own
+               shard group instead (the plan's members are replica 0's ranks, shifted to each
+               replica's) and fans nothing out; the planner picks which by predicted step.
 
 Replicated domain (DDP), per bucket: owners orthogonalise their matrices and split members their
 column chunks, then one all-gather (padded to the largest contribution in the bucket) gives every
@@ -28,7 +34,9 @@ Pipelining (overlap=True), sharded:
 
   The exchange of bucket k+1 is issued before bucket k is computed, and the return of bucket k is
   issued right after its compute, so both travel while the next bucket computes; the fan-out of
-  bucket k leaves once its return has arrived. Every rank issues the collectives of each group in
+  bucket k leaves once its return has arrived. Two-level all-to-alls send their inter-node stage
+  first and move to the intra-node stage after the next compute (`advance()`), so the slow stage
+  is the one that overlaps. dmuon.step_model replays this order to price a plan. Every rank issues the collectives of each group in
   the same order, which is what keeps them matched; split groups lie inside one replica and run
   their matrices in plan order, and fan-outs are only waited for at the end, so no rank can wait on
   a replica that waits on it. Replicated: the all-gather of bucket k travels while k+1 computes.
@@ -49,6 +57,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from dmuon.exchange import (
+    EXCHANGES,
+    WIRE_SCOPES,
+    Exchange,
+    NodeLayout,
+    PendingExchange,
+    node_layout,
+    send_matrix,
+)
 from dmuon.functional import orthogonalize, orthogonalize_batch
 from dmuon.layout import Domain, process_group_for
 from dmuon.planner import MatrixSpec, Plan
@@ -80,18 +97,21 @@ def split_group(domain: Domain, members: Sequence[int]) -> dist.ProcessGroup:
     return process_group_for(ranks)
 
 
-def _orthogonalize_split(plan: Plan, domain: Domain, blocks: dict[int, Tensor]) -> dict[int, Tensor]:
+def _orthogonalize_split(
+    plan: Plan, domain: Domain, blocks: dict[int, Tensor], offset: int = 0
+) -> dict[int, Tensor]:
     """Split NS of this rank's column chunks (blocks of the (m, n) view), batched per (group, class).
 
     Batches run in the order of their first matrix index, the same on every member, so that the
-    collectives of overlapping groups can never wait on each other in a cycle.
+    collectives of overlapping groups can never wait on each other in a cycle. `offset`: domain
+    ranks to add to the plan's members (a bucket each HSDP replica computes itself).
     """
     batches: dict[tuple, list[int]] = defaultdict(list)
     for i in sorted(blocks):
         batches[(plan.members[i], plan.specs[i].shape_class)].append(i)
     out: dict[int, Tensor] = {}
     for (members, (m, n, ns)), indices in sorted(batches.items(), key=lambda kv: kv[1][0]):
-        group = split_group(domain, members)
+        group = split_group(domain, [w + offset for w in members])
         tall = m > n
         X = torch.stack([blocks[i].mT if tall else blocks[i] for i in indices]).to(ns.dtype)
         result = split_newton_schulz(
@@ -109,11 +129,11 @@ def _orthogonalize_split(plan: Plan, domain: Domain, blocks: dict[int, Tensor]) 
     return out
 
 
-def _compute(plan: Plan, domain: Domain, blocks: dict[int, Tensor]) -> dict[int, Tensor]:
+def _compute(plan: Plan, domain: Domain, blocks: dict[int, Tensor], offset: int = 0) -> dict[int, Tensor]:
     """NS of every block this rank holds: whole matrices it owns, column chunks of split ones."""
     owned = [i for i in sorted(blocks) if len(plan.members[i]) == 1]
     out = _orthogonalize_owned(owned, {i: blocks[i] for i in owned}, plan.specs)
-    out.update(_orthogonalize_split(plan, domain, {i: b for i, b in blocks.items() if i not in out}))
+    out.update(_orthogonalize_split(plan, domain, {i: b for i, b in blocks.items() if i not in out}, offset))
     return out
 
 
@@ -128,15 +148,19 @@ class _ShardedBucket:
     """
 
     def __init__(self, plan: Plan, k: int, domain: Domain, updates: Sequence[Tensor]) -> None:
-        self.plan, self.bucket = plan, list(plan.buckets[k])
+        self.plan, self.k, self.bucket = plan, k, list(plan.buckets[k])
         self.me = domain.rank
         self.replica, self.shard = divmod(self.me, plan.ranks_per_replica)
+        # A bucket every HSDP replica computes itself: the plan's members are replica 0's ranks, and
+        # each replica runs the same jobs on its own ranks (`offset` domain ranks further on).
+        self.local = plan.replicas > 1 and plan.sharing(k) == 1
+        self.offset = self.replica * plan.ranks_per_replica if self.local else 0
+        self.job_replica = 0 if self.local else self.replica
+        self.me_in_plan = self.me - self.offset
         key = ("routes", k, self.me)
         if key not in plan.memo:
             plan.memo[key] = self._routes()
-        self.jobs, self.sends, self.recvs, self.mine, self.offset, self.row0 = plan.memo[key]
-        self.send_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.sends]
-        self.recv_splits = [sum(_numel(p) for _, p in pieces) for pieces in self.recvs]
+        self.jobs, self.sends, self.recvs, self.mine, self.first_row, self.row0 = plan.memo[key]
         first = updates[self.bucket[0]] if self.bucket else None
         self.dtype = first.dtype if first is not None else torch.float32
         self.device = first.device if first is not None else torch.device("cpu")
@@ -144,23 +168,38 @@ class _ShardedBucket:
     def _routes(self) -> tuple:
         plan, size = self.plan, self.plan.ranks_per_replica
         # Matrices this replica computes, and what moves inside the shard group for them.
-        jobs = [i for i in self.bucket if plan.replica_of(i) == self.replica]
+        jobs = [i for i in self.bucket if plan.replica_of(i) == self.job_replica]
         sends: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # to shard rank t
         recvs: list[list[tuple[int, Piece]]] = [[] for _ in range(size)]  # from shard rank t
         mine: dict[int, int] = {}  # matrix -> my member index
         for i in jobs:
             members = plan.members[i]
-            if self.me in members:
-                mine[i] = members.index(self.me)
+            if self.me_in_plan in members:
+                mine[i] = members.index(self.me_in_plan)
             for piece in plan.pieces(i):
                 source, j = piece[0], piece[1]
                 if source == self.shard:
                     sends[members[j] % size].append((i, piece))
-                if members[j] == self.me:
+                if members[j] == self.me_in_plan:
                     recvs[source].append((i, piece))
-        offset = {i: plan.specs[i].offsets()[self.shard] for i in jobs}  # my first row of matrix i
+        first_row = {i: plan.specs[i].offsets()[self.shard] for i in jobs}  # my first row of matrix i
         row0 = {i: plan.specs[i].block(len(plan.members[i]), j)[0] for i, j in mine.items()}  # my block's
-        return jobs, sends, recvs, mine, offset, row0
+        return jobs, sends, recvs, mine, first_row, row0
+
+    def exchanges(
+        self,
+        domain: Domain,
+        layout: NodeLayout | None,
+        inputs_wire: torch.dtype | None,
+        results_wire: torch.dtype | None,
+    ) -> tuple[Exchange, Exchange]:
+        """The forward exchange and the return of this bucket inside my replica's shard group."""
+        size = self.plan.ranks_per_replica
+        matrix = send_matrix(self.plan, self.k, self.job_replica)
+        ranks = domain.ranks[self.replica * size : (self.replica + 1) * size]
+        forward = Exchange(matrix, self.shard, domain.group, ranks, layout, inputs_wire)
+        back = Exchange(matrix.T.contiguous(), self.shard, domain.group, ranks, layout, results_wire)
+        return forward, back
 
     def _local(self, t: Tensor, i: int) -> Tensor:
         spec = self.plan.specs[i]
@@ -170,7 +209,7 @@ class _ShardedBucket:
         parts = []
         for pieces in self.sends:
             for i, (_, _, lo, hi, c0, c1) in pieces:
-                start = self.offset[i]
+                start = self.first_row[i]
                 parts.append(self._local(updates[i], i)[lo - start : hi - start, c0:c1].reshape(-1))
         return self._cat(parts)
 
@@ -207,7 +246,7 @@ class _ShardedBucket:
             for i, (_, _, lo, hi, c0, c1) in pieces:
                 count = (hi - lo) * (c1 - c0)
                 data = received[cursor : cursor + count].view(hi - lo, c1 - c0)
-                start = self.offset[i]
+                start = self.first_row[i]
                 target = out[i]
                 assert target is not None
                 if hi - lo == target.shape[0] and c1 - c0 == target.shape[1]:
@@ -227,30 +266,42 @@ class _ShardedBucket:
             sizes[self.plan.replica_of(i)] += spec.rows[self.shard] * spec.n  # type: ignore[index]
         return sizes
 
-    def pack_fan_out(self, out: list[Tensor | None]) -> list[Tensor]:
+    def pack_fan_out(self, out: list[Tensor | None], wire_dtype: torch.dtype | None = None) -> list[Tensor]:
         """One buffer per replica: this rank's rows of its own replica's results (the broadcast it
-        sources), empty buffers of the right size for the others' (the broadcasts it receives)."""
+        sources), empty buffers of the right size for the others' (the broadcasts it receives);
+        in `wire_dtype` when given."""
         sizes = self.fan_out_sizes()
+        dtype = wire_dtype or self.dtype
         buffers = []
         for replica, size in enumerate(sizes):
             if replica == self.replica:
                 parts = [out[i].reshape(-1) for i in self.jobs if out[i].numel()]  # type: ignore[union-attr]
-                buffers.append(self._cat(parts))
+                buffers.append(self._cat(parts).to(dtype))
             else:
-                buffers.append(torch.empty(size, dtype=self.dtype, device=self.device))
+                buffers.append(torch.empty(size, dtype=dtype, device=self.device))
         return buffers
 
     def unpack_fan_out(
-        self, buffers: list[Tensor], updates: Sequence[Tensor], out: list[Tensor | None]
+        self,
+        buffers: list[Tensor],
+        updates: Sequence[Tensor],
+        out: list[Tensor | None],
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
         for replica, buffer in enumerate(buffers):
             if replica == self.replica:
+                if wire_dtype is not None:  # my own results went out rounded: keep what the others got
+                    cursor = 0
+                    for i in self.jobs:
+                        count = updates[i].numel()
+                        out[i] = buffer[cursor : cursor + count].to(self.dtype).view(updates[i].shape)
+                        cursor += count
                 continue
             cursor = 0
             for i in self.bucket:
                 if self.plan.replica_of(i) == replica:
                     count = updates[i].numel()
-                    out[i] = buffer[cursor : cursor + count].view(updates[i].shape)
+                    out[i] = buffer[cursor : cursor + count].to(self.dtype).view(updates[i].shape)
                     cursor += count
 
     def _cat(self, parts: list[Tensor]) -> Tensor:
@@ -258,11 +309,6 @@ class _ShardedBucket:
         if not parts:
             return torch.empty(0, dtype=self.dtype, device=self.device)
         return torch.cat(parts).to(self.dtype)
-
-
-def _numel(piece: Piece) -> int:
-    _, _, lo, hi, c0, c1 = piece
-    return (hi - lo) * (c1 - c0)
 
 
 @contextlib.contextmanager
@@ -281,14 +327,6 @@ def _wait(work: dist.Work | None, stats: dict[str, float] | None) -> None:
             work.wait()
 
 
-def _all_to_all(
-    send: Tensor, send_splits: list[int], recv_splits: list[int], group: dist.ProcessGroup, async_op: bool
-) -> tuple[Tensor, dist.Work | None]:
-    recv = torch.empty(sum(recv_splits), dtype=send.dtype, device=send.device)
-    work = dist.all_to_all_single(recv, send, recv_splits, send_splits, group=group, async_op=async_op)
-    return recv, work
-
-
 def sharded_orthogonalize(
     plan: Plan,
     domain: Domain,
@@ -296,31 +334,43 @@ def sharded_orthogonalize(
     *,
     overlap: bool = True,
     stats: dict[str, float] | None = None,
+    ranks_per_node: int | None = None,
+    exchange: str = "auto",
+    wire_dtype: torch.dtype | None = None,
+    wire_scope: str = "results",
 ) -> list[Tensor]:
     """Orthogonalised local rows for every spec of a sharded domain (see the module docstring).
 
     updates[i]: this rank's rows of spec i's update (shape = local param shape, possibly 0 rows).
+    ranks_per_node / exchange: the all-to-alls run two-level (dmuon.exchange) when the shard group
+    spans several nodes ("auto") or always ("two_level": an error where it is not a node grid);
+    "flat" keeps one all_to_all_single. wire_dtype: the dtype results travel in (the return and the
+    HSDP fan-out; with wire_scope="all" the forward exchange too); opt-in, inexact.
     """
-    group = domain.group
     out: list[Tensor | None] = [None] * len(plan.specs)
     buckets = [_ShardedBucket(plan, k, domain, updates) for k in range(len(plan.buckets))]
     if not buckets:
         return []
     fan_out = plan.replicas > 1
-    exchanges: list[tuple[Tensor, dist.Work | None] | None] = [None] * len(buckets)
-    returns: list[tuple[_ShardedBucket, Tensor, dist.Work | None]] = []
+    layout = shard_layout(plan, domain, ranks_per_node, exchange)
+    if wire_scope not in WIRE_SCOPES:
+        raise ValueError(f"wire_scope must be one of {WIRE_SCOPES}, got {wire_scope!r}")
+    inputs_wire = wire_dtype if wire_scope == "all" else None
+    forward = [b.exchanges(domain, layout, inputs_wire, wire_dtype) for b in buckets]
+    exchanges: list[PendingExchange | None] = [None] * len(buckets)
+    returns: list[tuple[_ShardedBucket, PendingExchange]] = []
     fans: list[tuple[_ShardedBucket, list[Tensor], list[dist.Work | None]]] = []
 
     def issue_exchange(k: int) -> None:
-        b = buckets[k]
         with _exposed(stats, blocking=not overlap):
-            exchanges[k] = _all_to_all(b.pack(updates), b.send_splits, b.recv_splits, group, overlap)
+            exchanges[k] = forward[k][0].start(buckets[k].pack(updates), async_op=overlap)
 
-    def finish_return(b: _ShardedBucket, back: Tensor, work: dist.Work | None) -> None:
-        _wait(work, stats)
-        b.unpack_results(back, updates, out)
-        if fan_out:
-            buffers = b.pack_fan_out(out)
+    def finish_return(b: _ShardedBucket, back: PendingExchange) -> None:
+        with _exposed(stats, blocking=True):
+            received = back.wait()
+        b.unpack_results(received, updates, out)
+        if fan_out and not b.local:
+            buffers = b.pack_fan_out(out, wire_dtype)
             works = []
             with _exposed(stats, blocking=not overlap):
                 for replica, buffer in enumerate(buffers):  # the same order on every rank
@@ -335,26 +385,50 @@ def sharded_orthogonalize(
     for k, b in enumerate(buckets):
         if overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)  # in flight while bucket k computes
-        received, work = exchanges[k]  # type: ignore[misc]
-        _wait(work, stats)
+        pending = exchanges[k]
+        assert pending is not None
+        with _exposed(stats, blocking=True):
+            received = pending.wait()
         exchanges[k] = None
-        results = _compute(plan, domain, b.assemble(received))
+        results = _compute(plan, domain, b.assemble(received), b.offset)
         with _exposed(stats, blocking=not overlap):
-            back, back_work = _all_to_all(
-                b.pack_results(results), b.recv_splits, b.send_splits, group, overlap
-            )
+            back = forward[k][1].start(b.pack_results(results), async_op=overlap)
         if not overlap and k + 1 < len(buckets):
             issue_exchange(k + 1)
+        if returns:
+            returns[-1][1].advance()  # two-level: bucket k-1's return moves to its intra-node stage
         if returns and fan_out:
             finish_return(*returns.pop())  # bucket k-1: its fan-out travels while k+1 computes
-        returns.append((b, back, back_work))
-    for b, back, back_work in returns:
-        finish_return(b, back, back_work)
+        returns.append((b, back))
+        if overlap and k + 1 < len(buckets):
+            nxt = exchanges[k + 1]
+            assert nxt is not None
+            nxt.advance()  # its inter-node stage travelled while bucket k computed
+    for b, back in returns:
+        finish_return(b, back)
     for b, buffers, works in fans:
         for fan_work in works:
             _wait(fan_work, stats)
-        b.unpack_fan_out(buffers, updates, out)
+        b.unpack_fan_out(buffers, updates, out, wire_dtype)
     return out  # type: ignore[return-value]
+
+
+def shard_layout(plan: Plan, domain: Domain, ranks_per_node: int | None, exchange: str) -> NodeLayout | None:
+    """The node grid the all-to-alls of `domain`'s shard groups run on (None: flat)."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+    if exchange == "flat":
+        return None
+    size = plan.ranks_per_replica
+    replica = domain.rank // size
+    ranks = domain.ranks[replica * size : (replica + 1) * size]
+    layout = node_layout(ranks, ranks_per_node)
+    if exchange == "two_level" and layout is None:
+        raise ValueError(
+            f"exchange='two_level' needs ranks_per_node and a shard group laid out node by node "
+            f"(ranks {list(ranks)}, ranks_per_node {ranks_per_node}); use exchange='auto' or 'flat'"
+        )
+    return layout if layout is not None and layout.two_level else None
 
 
 def replicated_orthogonalize(

@@ -9,8 +9,10 @@ parameter (as torch's optimizers do), which is what `state_dict()`, DCP's
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -29,6 +31,7 @@ from dmuon.comm import (
     replicated_orthogonalize,
     sharded_orthogonalize,
 )
+from dmuon.exchange import EXCHANGES, WIRE_SCOPES
 from dmuon.functional import NSConfig
 from dmuon.layout import Domain, detect_domain, local_tensor
 from dmuon.newton_schulz import ALGORITHMS, COEFFICIENT_SCHEDULES, DEFAULT_EPS, coefficient_schedule
@@ -138,15 +141,31 @@ class Muon(Optimizer):
         planner: "lpt" (greedy) or "milp" (HiGHS, time-limited, never worse than LPT).
         cost_model: "flops", "calibrated" (NS timings measured once per shape and batch size on
             this device, cached under ~/.cache/dmuon or $DMUON_CACHE) or a CostModel.
-        bucket_mb: bytes of whole matrices per pipeline bucket.
+        bucket_mb: bytes of whole matrices per pipeline bucket, or "auto": also try 2-8 equal
+            buckets and keep the bucketing with the fastest predicted step.
         overlap: pipeline buckets (exchange of k+1 and return of k travel while k computes).
         milp_time_limit: seconds HiGHS may spend on one plan.
         split: "auto" (the planner splits a matrix over a group of k ranks, each orthogonalising a
             column chunk with exact collectives (dmuon.split_ns), only where that matrix alone would
             outlast the ideal per-rank load: big matrices at large W), "off" (one owner per matrix),
             or "always" (every matrix split over a whole replica; for tests and benchmarks).
-        hsdp_replicas: "share" (HSDP: plan over every rank of every replica and fan the results out
-            over the replicate dimension) or "repeat" (each replica repeats its shard group's work).
+        hsdp_replicas: "auto" (HSDP: per matrix, by the predicted step on the cost model's network
+            (dmuon.step_model): either every rank of every replica shares its work and the results
+            are fanned out over the replicate dimension, or every replica computes it on its own
+            shard group; never predicted slower than either extreme), "share" (all shared) or
+            "repeat" (each replica repeats its shard group's work, planned per shard group).
+        ranks_per_node: ranks per node (global rank // ranks_per_node is the node); None reads
+            $LOCAL_WORLD_SIZE (torchrun sets it), absent means one node.
+        exchange: "auto" (two-level all-to-alls, dmuon.exchange, where a shard group spans several
+            nodes: (nodes - 1) + (ranks per node - 1) messages per rank instead of W - 1), "flat"
+            (one all_to_all_single) or "two_level" (an error where the group is not a node grid).
+            Either is exact; they move the same bytes.
+        wire_dtype: None (default, exact) or a dtype such as torch.bfloat16 that results of sharded
+            params (FSDP2 / HSDP) travel in (the return to the shard ranks and the HSDP fan-out): half their bytes, not exact (each
+            update rounds once: 1.7e-3 relative in bf16); replicas stay identical.
+        wire_scope: "results" (default) or "all" (the momenta travel in wire_dtype too: half the
+            exchange's bytes as well, but Newton-Schulz amplifies that rounding: 3e-2 relative per
+            update on low-rank momenta, scripts/bench_wire.py).
     """
 
     def __init__(
@@ -175,17 +194,37 @@ class Muon(Optimizer):
         distribution: str = "owner",
         planner: str = "lpt",
         cost_model: str | CostModel = "flops",
-        bucket_mb: float = 64.0,
+        bucket_mb: float | str = 64.0,
         overlap: bool = True,
         milp_time_limit: float = 5.0,
         split: str = "auto",
-        hsdp_replicas: str = "share",
+        hsdp_replicas: str = "auto",
+        ranks_per_node: int | None = None,
+        exchange: str = "auto",
+        wire_dtype: torch.dtype | str | None = None,
+        wire_scope: str = "results",
     ) -> None:
         _validate_distribution_options(
             plain_tensors, distribution, planner, cost_model, bucket_mb, milp_time_limit, split, hsdp_replicas
         )
+        if exchange not in EXCHANGES:
+            raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+        if ranks_per_node is None and os.environ.get("LOCAL_WORLD_SIZE", "").isdigit():
+            ranks_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+        if ranks_per_node is not None and (not isinstance(ranks_per_node, int) or ranks_per_node < 1):
+            raise ValueError(f"ranks_per_node must be a positive int or None, got {ranks_per_node!r}")
+        self._ranks_per_node = ranks_per_node
+        self._exchange = exchange
+        self._wire_dtype = None if wire_dtype is None else _as_dtype(wire_dtype, "wire_dtype")
+        if wire_scope not in WIRE_SCOPES:
+            raise ValueError(f"wire_scope must be one of {WIRE_SCOPES}, got {wire_scope!r}")
+        self._wire_scope = wire_scope
         self._split = split
-        self._share_replicas = hsdp_replicas == "share"
+        self._share_replicas = hsdp_replicas != "repeat"
+        self._sharing = "auto" if hsdp_replicas == "auto" else "all"
+        self._tune_buckets = bucket_mb == "auto"
+        if self._tune_buckets:
+            bucket_mb = 64.0
         self._process_group = process_group
         self._device_mesh = device_mesh
         self._plain_tensors = plain_tensors
@@ -382,8 +421,20 @@ class Muon(Optimizer):
             else:
                 plan = self._plan_for(domain, specs)
                 self._last_plans.append((domain, plan))
-                run = sharded_orthogonalize if domain.kind == "sharded" else replicated_orthogonalize
-                outs = run(plan, domain, updates, overlap=self._overlap, stats=stats)
+                if domain.kind == "sharded":
+                    outs = sharded_orthogonalize(
+                        plan,
+                        domain,
+                        updates,
+                        overlap=self._overlap,
+                        stats=stats,
+                        ranks_per_node=self._ranks_per_node,
+                        exchange=self._exchange,
+                        wire_dtype=self._wire_dtype,
+                        wire_scope=self._wire_scope,
+                    )
+                else:
+                    outs = replicated_orthogonalize(plan, domain, updates, overlap=self._overlap, stats=stats)
             for i, o in zip(indices, outs, strict=True):
                 results[i] = o
         return results  # type: ignore[return-value]
@@ -410,6 +461,8 @@ class Muon(Optimizer):
         return plan
 
     def _build_plan(self, domain: Domain, specs: list[MatrixSpec], cost: CostModel) -> Plan:
+        if not cost.ranks_per_node and self._ranks_per_node:
+            cost = dataclasses.replace(cost, ranks_per_node=self._ranks_per_node)
         return build_plan(
             specs,
             domain.world,
@@ -419,6 +472,10 @@ class Muon(Optimizer):
             milp_time_limit=self._milp_time_limit,
             split=self._split,
             ranks_per_replica=domain.replica_size,
+            sharing=self._sharing,
+            tune_buckets=self._tune_buckets,
+            exchange=self._exchange,
+            result_bytes=self._wire_dtype.itemsize if self._wire_dtype is not None else 4,
         )
 
     def _cost_model_for(self, domain: Domain, specs: list[MatrixSpec]) -> CostModel:
@@ -530,8 +587,8 @@ def _validate_distribution_options(
 ) -> None:
     if split not in SPLIT_MODES:
         raise ValueError(f"split must be one of {SPLIT_MODES}, got {split!r}")
-    if hsdp_replicas not in ("share", "repeat"):
-        raise ValueError(f"hsdp_replicas must be 'share' or 'repeat', got {hsdp_replicas!r}")
+    if hsdp_replicas not in ("auto", "share", "repeat"):
+        raise ValueError(f"hsdp_replicas must be 'auto', 'share' or 'repeat', got {hsdp_replicas!r}")
     if plain_tensors not in ("replicated", "local"):
         raise ValueError(f"plain_tensors must be 'replicated' or 'local', got {plain_tensors!r}")
     if distribution not in DISTRIBUTIONS:
@@ -542,8 +599,8 @@ def _validate_distribution_options(
         raise ValueError(
             f"cost_model must be one of {COST_MODELS} or a dmuon.planner.CostModel, got {cost_model!r}"
         )
-    if not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb!r}")
+    if bucket_mb != "auto" and (not isinstance(bucket_mb, (int, float)) or not bucket_mb > 0):
+        raise ValueError(f"bucket_mb must be > 0 or 'auto', got {bucket_mb!r}")
     if not isinstance(milp_time_limit, (int, float)) or not milp_time_limit > 0:
         raise ValueError(f"milp_time_limit must be > 0 seconds, got {milp_time_limit!r}")
 

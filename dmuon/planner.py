@@ -139,6 +139,17 @@ class CostModel:
     ranks_per_node: int = 0  # > 0: groups wider than a node run at inter_node_bandwidth
     inter_node_bandwidth: float = 0.0
 
+    def network(self):  # -> dmuon.step_model.Network
+        """The network these numbers describe, for dmuon.step_model."""
+        from dmuon.step_model import Network
+
+        return Network(
+            alpha=self.latency_s,
+            intra=self.bandwidth,
+            inter=self.inter_node_bandwidth or self.bandwidth,
+            gpus_per_node=self.ranks_per_node,
+        )
+
     def collective_seconds(self, kind: str, nbytes: float, members: int) -> float:
         """Ring all-reduce or all-gather of `nbytes` (the whole result) over `members` aligned ranks."""
         if members <= 1:
@@ -278,6 +289,7 @@ class Plan:
     ranks_per_replica: int = 0
     work_seconds: float = -1.0
     split: str = "off"
+    bucket_replicas: tuple[int, ...] = ()  # replicas sharing each bucket's work: R (default) or 1
     # Memo of what every step derives from the plan alone (pieces(i), dmuon.comm's bucket routes).
     memo: dict[tuple, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -294,8 +306,20 @@ class Plan:
         return self.world // self.ranks_per_replica
 
     def replica_of(self, i: int) -> int:
-        """The replica whose ranks orthogonalise specs[i]."""
+        """The replica whose ranks orthogonalise specs[i] (0 for a bucket every replica computes)."""
         return self.members[i][0] // self.ranks_per_replica
+
+    def replica_local(self) -> set[int]:
+        """Matrices every HSDP replica computes itself (none with one replica)."""
+        if self.replicas == 1:
+            return set()
+        return {i for k, bucket in enumerate(self.buckets) if self.sharing(k) == 1 for i in bucket}
+
+    def sharing(self, k: int) -> int:
+        """How many replicas share bucket k's work: all of them (its results are fanned out over the
+        replicate dimension) or 1 (every replica computes the bucket on its own shard group, with
+        the plan's members in replica 0 standing for the same ranks of every replica)."""
+        return self.bucket_replicas[k] if self.bucket_replicas else self.replicas
 
     @property
     def split_indices(self) -> tuple[int, ...]:
@@ -338,6 +362,7 @@ class Plan:
                 [(s.name, s.m, s.n, s.rows) for s in self.specs],
                 self.members,
                 self.buckets,
+                self.bucket_replicas,
             ]
         )
         return hashlib.sha1(payload.encode()).hexdigest()
@@ -372,20 +397,23 @@ class Plan:
         sent = [0] * self.world
         received = [0] * self.world
         size = self.ranks_per_replica
+        local = self.replica_local()
         for i, spec in enumerate(self.specs):
             group = self.members[i]
             if spec.rows is not None:
                 base = self.replica_of(i) * size
-                for s, j, lo, hi, c0, c1 in self.pieces(i):
-                    src, dst = base + s, group[j]
-                    if src == dst:
-                        continue
-                    nbytes = (hi - lo) * (c1 - c0) * element_size
-                    sent[src] += nbytes  # the shard piece to the member
-                    received[dst] += nbytes
-                    sent[dst] += nbytes  # the result piece back
-                    received[src] += nbytes
-                for s, rows in enumerate(spec.rows):
+                shifts = range(0, self.world, size) if i in local else (0,)
+                for shift in shifts:
+                    for s, j, lo, hi, c0, c1 in self.pieces(i):
+                        src, dst = base + shift + s, group[j] + shift
+                        if src == dst:
+                            continue
+                        nbytes = (hi - lo) * (c1 - c0) * element_size
+                        sent[src] += nbytes  # the shard piece to the member
+                        received[dst] += nbytes
+                        sent[dst] += nbytes  # the result piece back
+                        received[src] += nbytes
+                for s, rows in enumerate(spec.rows if i not in local else ()):
                     nbytes = rows * spec.n * element_size
                     for replica in range(self.replicas):
                         if replica * size != base:
@@ -401,9 +429,10 @@ class Plan:
                             received[r] += nbytes
             if len(group) > 1:
                 volume = spec.split_ring_bytes(len(group), element_size)
-                for w in group:
-                    sent[w] += volume
-                    received[w] += volume
+                for shift in range(0, self.world, size) if i in local else (0,):
+                    for w in group:
+                        sent[w + shift] += volume
+                        received[w + shift] += volume
         return list(zip(sent, received))
 
     def rows(self) -> list[dict]:
@@ -667,6 +696,7 @@ def make_buckets(
     min_efficiency: float = 0.95,
     max_growth: int = 4,
     sizes: Sequence[int] | None = None,
+    min_slots: int | None = None,
 ) -> tuple[tuple[int, ...], ...]:
     """Pipeline stages: consecutive runs of the matrices in decreasing cost (then name) order.
 
@@ -675,8 +705,12 @@ def make_buckets(
     (or it grew `max_growth`-fold past that point). Every bucket ends in a collective all ranks join,
     so a stage's slowest rank sets its time: a stage that cannot be balanced (say 13 equal matrices
     on 8 ranks) grows until it can (16). Neighbours in cost order are mostly same-shape, so a
-    bucket also batches well.
+    bucket also batches well. `min_slots` (given by build_plan's tune_buckets) instead closes a
+    bucket as soon as it holds `bucket_bytes` and `min_slots` jobs, balanced or not: a pipeline of
+    small buckets that may leave ranks idle, kept only where that is predicted faster.
     """
+    balance = min_slots is None
+    min_slots = world if min_slots is None else min_slots
     sizes = list(sizes) if sizes is not None else [1] * len(specs)
     buckets: list[tuple[int, ...]] = []
     current: list[int] = []
@@ -688,17 +722,25 @@ def make_buckets(
         current.append(i)
         size += specs[i].numel * element_size
         slots += sizes[i]
-        if size < bucket_bytes or slots < world or size < checked_at * 1.05:
+        if size < bucket_bytes or slots < min_slots or size < checked_at * 1.05:
             continue
         closable_at = closable_at or size
         checked_at = size
-        efficiency = _lpt_efficiency([specs[j] for j in current], world, cost, [sizes[j] for j in current])
+        if not balance:
+            efficiency = 1.0
+        else:
+            efficiency = _lpt_efficiency(
+                [specs[j] for j in current], world, cost, [sizes[j] for j in current]
+            )
         if efficiency >= min_efficiency or size >= max_growth * closable_at:
             buckets.append(tuple(sorted(current)))
             current, size, slots, closable_at, checked_at = [], 0, 0, 0, 0
     if current:
         buckets.append(tuple(sorted(current)))
     return tuple(buckets)
+
+
+SHARING_MODES = ("all", "auto")
 
 
 def build_plan(
@@ -711,15 +753,33 @@ def build_plan(
     milp_time_limit: float = 5.0,
     split: str = "off",
     ranks_per_replica: int | None = None,
+    sharing: str = "all",
+    tune_buckets: bool = False,
+    exchange: str = "auto",
+    result_bytes: int = 4,
 ) -> Plan:
     """The plan for `specs` on `world` ranks (pure; identical on every rank for LPT).
 
     Buckets run one after another (each ends in a collective every rank joins), so the step takes
     about the sum over buckets of the slowest rank's work: jobs are balanced per bucket.
     `ranks_per_replica` (default `world`) bounds split groups to one replica (see the module doc).
+
+    sharing (HSDP, more than one replica): "all" (every bucket's work is spread over all replicas
+    and its results fanned out) or "auto": which matrices every replica computes itself, in buckets
+    of their own run after the shared ones, is chosen by the predicted step (dmuon.step_model, on
+    the cost model's network): the candidates are the matrices cheapest per byte first, from none
+    to all (sixteenths of the work, then finer around the best; the shared ones in one or two
+    sets of buckets), so "auto" is never predicted slower than "all" or than every replica
+    computing all.
+    tune_buckets: also try 2, 3, 4, 6 and 8 equal buckets (a bucket may then leave ranks idle)
+    and keep the bucketing with the fastest predicted step, `bucket_bytes` included.
+    exchange / result_bytes: how dmuon.comm will send (two-level or flat, the wire's bytes per result
+    element), for the predictions.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown planner strategy {strategy!r}: use one of {STRATEGIES}")
+    if sharing not in SHARING_MODES:
+        raise ValueError(f"sharing must be one of {SHARING_MODES}, got {sharing!r}")
     if world < 1:
         raise ValueError(f"world size must be >= 1, got {world}")
     per_replica = ranks_per_replica or world
@@ -727,45 +787,165 @@ def build_plan(
         raise ValueError(f"ranks_per_replica ({ranks_per_replica}) must divide the world size ({world})")
     cost = cost or CostModel()
     specs = tuple(specs)
+    options = {
+        "strategy": strategy,
+        "cost": cost,
+        "milp_time_limit": milp_time_limit,
+        "split": split,
+        "per_replica": per_replica,
+    }
+    plan = _plan(specs, world, bucket_bytes=bucket_bytes, local=frozenset(), **options)
+    replicas = world // per_replica
+    if not tune_buckets and (sharing == "all" or replicas == 1):
+        return plan
+    from dmuon.step_model import step_seconds
+
+    network = cost.network()
+
+    def predicted(candidate: Plan) -> float:
+        return step_seconds(candidate, network, exchange=exchange, result_bytes=result_bytes)["dmuon_s"]
+
+    best, best_s, best_bytes = plan, predicted(plan), bucket_bytes
+    if tune_buckets:
+        total = sum(spec.numel for spec in specs) * 4
+        for count in (2, 3, 4, 6, 8):
+            size = max(1, -(-total // count))
+            candidate = _plan(specs, world, bucket_bytes=size, local=frozenset(), min_slots=1, **options)
+            seconds = predicted(candidate)
+            if seconds < best_s:
+                best, best_s, best_bytes = candidate, seconds, size
+    if sharing == "auto" and replicas > 1:
+        slots = 1 if best_bytes != bucket_bytes else None
+        # Cheapest to compute per byte fanned out first: small matrices save the most fan-out per
+        # second of Newton-Schulz a replica adds by computing them itself.
+        order = sorted(
+            range(len(specs)),
+            key=lambda i: (cost.matrix_seconds(specs[i].shape_class) / max(1, specs[i].numel), specs[i].name),
+        )
+        work = [cost.matrix_seconds(specs[i].shape_class) for i in order]
+        total_work = sum(work) or 1.0
+        cuts, acc = [0], 0.0
+        for position, seconds in enumerate(work):
+            acc += seconds
+            if acc / total_work >= len(cuts) / 16:
+                cuts.append(position + 1)
+        if cuts[-1] != len(order):
+            cuts.append(len(order))
+        tried: dict[int, float] = {}
+
+        def try_cut(cut: int) -> None:
+            nonlocal best, best_s
+            if cut in tried:
+                return
+            local = frozenset(order[:cut])
+            shared_bytes = sum(specs[i].numel for i in order[cut:]) * 4
+            tried[cut] = float("inf")
+            # The shared matrices also in 2 buckets: the first fan-outs leave sooner.
+            for pieces in (None, 2):
+                if pieces is not None and shared_bytes == 0:
+                    continue
+                candidate = _plan(
+                    specs,
+                    world,
+                    bucket_bytes=best_bytes,
+                    local=local,
+                    min_slots=slots,
+                    shared_bytes=None if pieces is None else max(1, -(-shared_bytes // pieces)),
+                    **options,
+                )
+                seconds = predicted(candidate)
+                tried[cut] = min(tried[cut], seconds)
+                if seconds < best_s:
+                    best, best_s = candidate, seconds
+
+        for cut in cuts:  # coarse: sixteenths of the work
+            try_cut(cut)
+        at = min(tried, key=lambda c: (tried[c], c))
+        position = cuts.index(at)
+        low, high = cuts[max(0, position - 1)], cuts[min(len(cuts) - 1, position + 1)]
+        for cut in range(low, high + 1, max(1, (high - low) // 16)):  # fine: around the best
+            try_cut(cut)
+    return best
+
+
+def _plan(
+    specs: tuple[MatrixSpec, ...],
+    world: int,
+    *,
+    strategy: str,
+    cost: CostModel,
+    bucket_bytes: int,
+    milp_time_limit: float,
+    split: str,
+    per_replica: int,
+    local: frozenset[int],
+    min_slots: int | None = None,
+    shared_bytes: int | None = None,
+) -> Plan:
+    """One plan: the matrices in `local` in buckets every replica computes on its own shard group
+    (planned on replica 0's ranks), run after the buckets of the others, shared by all ranks
+    (in buckets of `shared_bytes`, unbalanced, when given)."""
     sizes = split_sizes(specs, world, per_replica, cost, split)
-    buckets = make_buckets(specs, world, cost, bucket_bytes=bucket_bytes, sizes=sizes)
+    shared = [i for i in range(len(specs)) if i not in local]
+    groups: list[tuple[list[int], int, int, int | None]] = [
+        (shared, world, shared_bytes or bucket_bytes, 1 if shared_bytes else min_slots)
+    ]
+    if local:
+        groups.append((sorted(local), per_replica, bucket_bytes, min_slots))
+    buckets: list[tuple[int, ...]] = []
+    spans: list[int] = []  # ranks each bucket is planned over
+    for indices, ranks, group_bytes, group_slots in groups:
+        if not indices:
+            continue
+        sub = make_buckets(
+            [specs[i] for i in indices],
+            ranks,
+            cost,
+            bucket_bytes=group_bytes,
+            sizes=[sizes[i] for i in indices],
+            min_slots=group_slots,
+        )
+        for bucket in sub:
+            buckets.append(tuple(sorted(indices[j] for j in bucket)))
+            spans.append(ranks)
     members: list[tuple[int, ...]] = [()] * len(specs)
     notes: set[str] = set()
-    for bucket in buckets:
+    for bucket, ranks in zip(buckets, spans):
         bucket_specs = [specs[i] for i in bucket]
         bucket_sizes = [sizes[i] for i in bucket]
-        chosen = assign_jobs(bucket_specs, bucket_sizes, world, cost)
+        chosen = assign_jobs(bucket_specs, bucket_sizes, ranks, cost)
         if strategy == "milp" and max(bucket_sizes) > 1:
             notes.add("lpt for buckets with split matrices")
         elif strategy == "milp":
             limit = max(0.05, milp_time_limit / len(buckets))
-            milp_owners = assign_milp(bucket_specs, world, cost, time_limit=limit)
+            milp_owners = assign_milp(bucket_specs, ranks, cost, time_limit=limit)
             if milp_owners is None:
                 notes.add("milp found no solution or scipy is missing: lpt")
-            elif max(rank_loads(bucket_specs, milp_owners, world, cost)) <= max(
-                rank_loads(bucket_specs, chosen, world, cost)
+            elif max(rank_loads(bucket_specs, milp_owners, ranks, cost)) <= max(
+                rank_loads(bucket_specs, chosen, ranks, cost)
             ):
                 chosen = tuple((o,) for o in milp_owners)
             else:
                 notes.add("lpt kept where milp was not better")
         for i, group in zip(bucket, chosen):
             members[i] = group
-    per_bucket = tuple(
-        rank_loads([specs[i] for i in bucket], [members[i] for i in bucket], world, cost)
-        for bucket in buckets
-    )
-    work = sum(
-        sum(rank_loads([specs[i] for i in bucket], [members[i] for i in bucket], world, cost, comm=False))
-        for bucket in buckets
-    )
-    loads = [sum(stage[r] for stage in per_bucket) for r in range(world)]
+
+    def loads(bucket: tuple[int, ...], ranks: int, comm: bool = True) -> tuple[float, ...]:
+        per = rank_loads([specs[i] for i in bucket], [members[i] for i in bucket], ranks, cost, comm=comm)
+        return per * (world // ranks)  # a replica-local bucket: every replica carries the same load
+
+    per_bucket = tuple(loads(bucket, ranks) for bucket, ranks in zip(buckets, spans))
+    work = sum(sum(loads(bucket, ranks, comm=False)) for bucket, ranks in zip(buckets, spans))
+    rank_totals = [sum(stage[r] for stage in per_bucket) for r in range(world)]
+    replicas = world // per_replica
+    bucket_replicas = tuple(1 if ranks < world else replicas for ranks in spans) if local else ()
     if split == "auto" and max(sizes, default=1) > 1:
         # Never worse than owners only: keep the split plan only if its step is predicted faster
         # (stages add up; every bucket also pays the latency of its two all-to-alls).
         def step_seconds(stages: Sequence[Sequence[float]]) -> float:
             return sum(max(loads) for loads in stages) + len(stages) * 2 * cost.latency_s * (per_replica - 1)
 
-        owners_only = build_plan(
+        owners_only = _plan(
             specs,
             world,
             strategy=strategy,
@@ -773,7 +953,10 @@ def build_plan(
             bucket_bytes=bucket_bytes,
             milp_time_limit=milp_time_limit,
             split="off",
-            ranks_per_replica=per_replica,
+            per_replica=per_replica,
+            local=local,
+            min_slots=min_slots,
+            shared_bytes=shared_bytes,
         )
         if step_seconds(owners_only.bucket_seconds) <= step_seconds(per_bucket):
             return replace(owners_only, split="auto (owners only: splitting was not faster)")
@@ -782,12 +965,13 @@ def build_plan(
         world=world,
         specs=specs,
         owners=tuple(group[0] for group in members),
-        buckets=buckets,
-        rank_seconds=tuple(loads),
+        buckets=tuple(buckets),
+        rank_seconds=tuple(rank_totals),
         strategy=used,
         bucket_seconds=per_bucket,
         members=tuple(members),
         ranks_per_replica=per_replica,
         work_seconds=work,
         split=split,
+        bucket_replicas=bucket_replicas,
     )

@@ -4,7 +4,8 @@ HSDP, with and without split Newton-Schulz. A model, not a measurement: nothing 
     python scripts/simulate_scaling.py [--preset pi0] [--worlds 8,16,64,128,1024]
         [--layouts flat,hsdp] [--gpus-per-node 8] [--splits off,auto]
         [--flops-per-second F] [--alpha-us 20] [--intra-gbs 200] [--inter-gbs 25]
-        [--bucket-mb 64] [--planner lpt|milp] [--fan-out exact|padded] [--json PATH] [--plot PATH]
+        [--bucket-mb 64|auto] [--planner lpt|milp] [--fan-out exact|padded] [--exchange auto|flat|two_level]
+        [--hsdp-sharing auto|all] [--wire fp32|bf16|bf16-all] [--json PATH] [--plot PATH]
 
 --bandwidth-gbs is an alias of --inter-gbs. One row per (layout, split, W).
 
@@ -28,33 +29,19 @@ k's compute_k is its slowest rank's plan.bucket_seconds[k]: batched NS, and for 
 the work plus its m x m all-reduces and all-gathers, which are not counted again below.
 
 Network: alpha seconds per message; per rank and direction (full duplex) intra bytes/s to a rank on
-the same node and inter bytes/s to a rank on another node; 4 bytes per element. A collective over P
-ranks takes alpha (P-1) plus, on its busiest rank, max(sent, received) of its intra-node bytes / intra
-+ max(sent, received) of its inter-node bytes / inter (the two kinds of link do not overlap).
+the same node and inter bytes/s to a rank on another node.
 
   naive   every matrix in turn: a ring all-gather of its shards over its shard group of P ranks
           (flat: all W, at intra if W <= G, else inter; hsdp: the ranks of one node, at intra),
           alpha (P-1) + (P-1)/P of its bytes / bandwidth; then every rank orthogonalises the whole
           matrix (standard NS, one call per matrix). Nothing overlaps; HSDP replicas repeat it all.
-  dmuon   per bucket k:
-    fwd_k   the all-to-all inside each replica's shard group (all replicas at once), one collective
-            over P ranks: shard rank s of the computing replica sends member j of a matrix's owner
-            or split group its piece (Plan.pieces); nothing moves when sender = member.
-    ret_k   the reverse all-to-all: the same pieces of the results go back; ret_k = fwd_k.
-    fan_k   HSDP with R = W/G > 1 replicas: per shard rank s, an exchange over the R replicas
-            (one rank per node: all inter-node) of the rows at s of the results each replica
-            computed. --fan-out exact (default, what dmuon.comm sends: one broadcast per replica,
-            each of that replica's own c_r bytes, relayed along a ring as NCCL pipelines them):
-            alpha R + the busiest rank's max(sent, received) / inter, where a rank receives the
-            other replicas' contributions and forwards all but its ring successor's; padded (a
-            plain all-gather): every replica contributes the largest replica's c bytes,
-            alpha (R-1) + (R-1) max c / inter.
-    serial:  sum_k (fwd_k + compute_k + ret_k + fan_k).
-    overlap: the schedule of dmuon.comm.sharded_orthogonalize: fwd_{k+1} is issued before compute_k,
-             ret_k right after it, fan_k once ret_k has arrived (after compute_{k+1}). So compute_k
-             hides fwd_{k+1} + ret_{k-1} + fan_{k-2} (transfers in flight together add up):
-             T = fwd_0 + sum_k max(compute_k, fwd_{k+1} + ret_{k-1} + fan_{k-2})
-                 + ret_last + fan_{last-1} + fan_last.
+  dmuon   dmuon.step_model.step_seconds: the messages dmuon.comm sends for this plan (per bucket the
+          exchange, flat or two-level (--exchange), the return, the HSDP fan-out of the buckets the
+          replicas share; element bytes from --wire), replayed in dmuon.comm's issue order on three
+          resources (compute stream, intra- and inter-node link); see its docstring. The plan is the
+          one dmuon.Muon builds with the same options (--hsdp-sharing auto: hsdp_replicas="auto";
+          --bucket-mb auto: bucket_mb="auto"), priced with the same model by the planner.
+    serial:  compute + exchange + return + fan-out, nothing overlapped.
 
 Columns: naive s; dmuon s (overlapped T); serial s; speedup = naive / dmuon, both in the same layout;
 NS s = sum_k compute_k; efficiency = plan.efficiency (all NS work / W over the slowest rank's NS
@@ -62,7 +49,8 @@ seconds, split collectives counted as lost time); split = matrices the plan spli
 the busiest rank's MiB sent + received in one step (exchange, return, fan-out as modelled, split
 groups' ring collectives); buckets; plan s = seconds build_plan took here. --json PATH (default
 bench_results/simulate_scaling.json): {"meta": ..., "rows": [...]}, the rows with these columns and
-the parts (exchange_s = sum fwd_k; fan_s = sum fan_k, fan_padded_s and fan_exact_s both ways;
+the parts (exchange_s / return_s: the stages of every bucket summed; fan_s, fan_padded_s and
+fan_exact_s both ways; replica_local_buckets; two_level;
 fan_mb_per_rank, the busiest rank's fan-out MiB sent + received; split_groups; plan_s; ...);
 --plot PATH: a PNG of efficiency (log x) and speedup (log-log) vs W, one line per (layout, split).
 """
@@ -86,33 +74,12 @@ import dmuon
 from dmuon.functional import NSConfig, matrix_shape
 from dmuon.layout import chunk_rows
 from dmuon.planner import CostModel, MatrixSpec, Plan, build_plan
+from dmuon.step_model import ELEMENT_BYTES, Network, fan_out_transfer, step_seconds
 from vla.help_format import HelpFormatter
 
-ELEMENT_BYTES = 4
+WIRE_BYTES = {"fp32": (4, 4), "bf16": (4, 2), "bf16-all": (2, 2)}  # (momentum, result) bytes per element
 LAYOUTS = ("flat", "hsdp")
 SPLITS = ("off", "auto", "always")
-
-
-@dataclasses.dataclass(frozen=True)
-class Network:
-    """alpha seconds per message; intra / inter: bytes per second per rank and direction."""
-
-    alpha: float
-    intra: float
-    inter: float
-    gpus_per_node: int
-
-    def same_node(self, a: int, b: int) -> bool:
-        return a // self.gpus_per_node == b // self.gpus_per_node
-
-    def busiest_seconds(
-        self, intra_bytes: list[tuple[int, int]], inter_bytes: list[tuple[int, int]]
-    ) -> float:
-        """The slowest rank's transfer time: max(sent, received) per link kind, the kinds added."""
-        return max(
-            (max(a) / self.intra + max(e) / self.inter for a, e in zip(intra_bytes, inter_bytes)),
-            default=0.0,
-        )
 
 
 def muon_matrices(preset: str) -> list[tuple[str, tuple[int, int]]]:
@@ -142,104 +109,33 @@ def ranks_per_replica(layout: str, world: int, gpus_per_node: int) -> int | None
     return gpus_per_node if world % gpus_per_node == 0 else None
 
 
-def exchange(plan: Plan, bucket: tuple[int, ...], net: Network) -> tuple[float, list[int]]:
-    """One direction of a bucket's all-to-all inside every replica's shard group: (seconds, bytes sent +
-    received per domain rank)."""
-    size, world = plan.ranks_per_replica, plan.world
-    sent = {True: [0] * world, False: [0] * world}  # keyed by "same node"
-    received = {True: [0] * world, False: [0] * world}
-    for i in bucket:
-        group, base = plan.members[i], plan.replica_of(i) * size
-        for s, j, lo, hi, c0, c1 in plan.pieces(i):
-            src, dst = base + s, group[j]
-            if src == dst:
-                continue
-            nbytes = (hi - lo) * (c1 - c0) * ELEMENT_BYTES
-            local = net.same_node(src, dst)
-            sent[local][src] += nbytes
-            received[local][dst] += nbytes
-    intra = list(zip(sent[True], received[True]))
-    inter = list(zip(sent[False], received[False]))
-    per_rank = [sum(a) + sum(e) for a, e in zip(intra, inter)]
-    if size <= 1:
-        return 0.0, per_rank
-    return net.alpha * (size - 1) + net.busiest_seconds(intra, inter), per_rank
-
-
-def fan_out(plan: Plan, bucket: tuple[int, ...], net: Network, *, padded: bool) -> tuple[float, list[int]]:
-    """A bucket's HSDP fan-out, one ring all-gather per shard rank over the replicas (one rank per node,
-    so inter-node): (seconds, bytes sent + received per domain rank). Exact (dmuon.comm's broadcast
-    per replica, relayed on a ring): every replica's own contribution; padded (a plain all-gather):
-    every replica sends the largest replica's contribution."""
-    replicas, size, world = plan.replicas, plan.ranks_per_replica, plan.world
-    if replicas <= 1:
-        return 0.0, [0] * world
-    contribution = [[0] * size for _ in range(replicas)]  # [replica][shard rank] bytes of results
-    for i in bucket:
-        spec, replica = plan.specs[i], plan.replica_of(i)
-        for s, rows in enumerate(spec.rows or ()):
-            contribution[replica][s] += rows * spec.n * ELEMENT_BYTES
-    per_rank = [0] * world
-    busiest = 0
-    for s in range(size):
-        column = [contribution[r][s] for r in range(replicas)]
-        total, width = sum(column), max(column)
-        for r in range(replicas):
-            if padded:
-                sent = received = (replicas - 1) * width
-            else:  # a ring rank forwards every block but its successor's and receives all but its own
-                sent, received = total - column[(r + 1) % replicas], total - column[r]
-            per_rank[r * size + s] = sent + received
-            busiest = max(busiest, sent, received)
-    latency = net.alpha * (replicas - 1 if padded else replicas)  # one collective, or R broadcasts
-    return latency + busiest / net.inter, per_rank
-
-
-def split_bytes(plan: Plan, bucket: tuple[int, ...]) -> list[int]:
-    """Bytes sent + received per domain rank by split groups' m x m collectives (ring volumes, as in
-    Plan.traffic); their time is already in plan.bucket_seconds."""
-    per_rank = [0] * plan.world
-    for i in bucket:
-        group = plan.members[i]
-        if len(group) > 1:
-            volume = plan.specs[i].split_ring_bytes(len(group), ELEMENT_BYTES)
-            for w in group:
-                per_rank[w] += 2 * volume
-    return per_rank
-
-
-def dmuon_seconds(plan: Plan, net: Network, *, padded_fan_out: bool = False) -> dict[str, float]:
-    """Per-part and total predicted seconds of the plan's step, and the busiest rank's megabytes."""
-    compute = [max(loads) for loads in plan.bucket_seconds]
-    exchanges = [exchange(plan, b, net) for b in plan.buckets]
-    fans = [fan_out(plan, b, net, padded=padded_fan_out) for b in plan.buckets]
-    other_fan = sum(fan_out(plan, b, net, padded=not padded_fan_out)[0] for b in plan.buckets)
-    fwd = [t for t, _ in exchanges]
-    fan = [t for t, _ in fans]
-    k = len(plan.buckets)
-
-    def at(xs: list[float], j: int) -> float:
-        return xs[j] if 0 <= j < k else 0.0
-
-    overlapped = at(fwd, 0) + at(fwd, k - 1) + at(fan, k - 2) + at(fan, k - 1)
-    for j in range(k):
-        overlapped += max(compute[j], at(fwd, j + 1) + at(fwd, j - 1) + at(fan, j - 2))
-    per_rank = [0] * plan.world
-    for b, (_, moved), (_, fanned) in zip(plan.buckets, exchanges, fans):
-        for w, nbytes in enumerate(split_bytes(plan, b)):
-            per_rank[w] += 2 * moved[w] + fanned[w] + nbytes  # exchange and return move the same bytes
-    fan_mb = max((sum(f[1][w] for f in fans) for w in range(plan.world)), default=0) / 2**20
-    return {
-        "dmuon_s": overlapped,
-        "dmuon_serial_s": sum(compute) + 2 * sum(fwd) + sum(fan),
-        "dmuon_compute_s": sum(compute),
-        "exchange_s": sum(fwd),
-        "fan_s": sum(fan),
-        "fan_padded_s": sum(fan) if padded_fan_out else other_fan,
-        "fan_exact_s": other_fan if padded_fan_out else sum(fan),
-        "fan_mb_per_rank": fan_mb,
-        "max_mb_per_rank": max(per_rank, default=0) / 2**20,
+def dmuon_seconds(
+    plan: Plan,
+    net: Network,
+    *,
+    padded_fan_out: bool = False,
+    exchange: str = "auto",
+    input_bytes: int = ELEMENT_BYTES,
+    result_bytes: int = ELEMENT_BYTES,
+) -> dict[str, float]:
+    """dmuon.step_model's prediction of the plan's step, with the fan-out priced both ways."""
+    parts = step_seconds(
+        plan,
+        net,
+        exchange=exchange,
+        input_bytes=input_bytes,
+        result_bytes=result_bytes,
+        padded_fan_out=padded_fan_out,
+    )
+    fans = {
+        padded: sum(
+            f.seconds
+            for k in range(len(plan.buckets))
+            if (f := fan_out_transfer(plan, k, net, padded=padded, element_bytes=result_bytes)) is not None
+        )
+        for padded in (False, True)
     }
+    return parts | {"fan_padded_s": fans[True], "fan_exact_s": fans[False]}
 
 
 def naive_seconds(specs: list[MatrixSpec], group: int, cost: CostModel, net: Network) -> float:
@@ -291,13 +187,21 @@ def simulate(
     planner: str = "lpt",
     bucket_bytes: int = 64 << 20,
     fan_out_mode: str = "exact",
+    exchange: str = "auto",
+    sharing: str = "auto",
+    tune_buckets: bool = False,
+    wire: str = "fp32",
 ) -> dict | None:
-    """One table row: the plan of `matrices` under (layout, split, world) and its predicted times."""
+    """One table row: the plan of `matrices` under (layout, split, world) and its predicted times.
+
+    The plan is what dmuon.Muon builds with exchange=`exchange`, hsdp_replicas=`sharing` ("all" is
+    the optimizer's "share"), bucket_mb="auto" when `tune_buckets`, and the wire `wire`."""
     size = ranks_per_replica(layout, world, net.gpus_per_node)
     if size is None:
         return None
     auto = ns_config("auto")
     specs = [MatrixSpec(name, m, n, auto, chunk_rows(m, size)) for name, (m, n) in matrices]
+    input_bytes, result_bytes = WIRE_BYTES[wire]
     start = time.perf_counter()
     plan = build_plan(
         specs,
@@ -307,9 +211,20 @@ def simulate(
         bucket_bytes=bucket_bytes,
         split=split,
         ranks_per_replica=size,
+        sharing=sharing,
+        tune_buckets=tune_buckets,
+        exchange=exchange,
+        result_bytes=result_bytes,
     )
     plan_s = time.perf_counter() - start
-    parts = dmuon_seconds(plan, net, padded_fan_out=fan_out_mode == "padded")
+    parts = dmuon_seconds(
+        plan,
+        net,
+        padded_fan_out=fan_out_mode == "padded",
+        exchange=exchange,
+        input_bytes=input_bytes,
+        result_bytes=result_bytes,
+    )
     naive = naive_seconds(specs, size, cost, net)
     nodes = -(-world // net.gpus_per_node)
     label = "flat" if layout == "flat" else f"hsdp {plan.replicas}x{size}"
@@ -332,6 +247,9 @@ def simulate(
             for g in plan.split_groups()
         ],
         "buckets": len(plan.buckets),
+        "replica_local_buckets": sum(1 for k in range(len(plan.buckets)) if plan.sharing(k) == 1)
+        if plan.replicas > 1
+        else 0,
         "largest_matrix_s": max(cost.matrix_seconds(s.shape_class) for s in specs),
         "ideal_compute_s": plan.work_seconds / world,
         "slowest_rank_s": plan.makespan,
@@ -398,7 +316,30 @@ def main(argv: list[str] | None = None) -> dict:
         default=25.0,
         help="inter-node GB/s per rank (--bandwidth-gbs: alias)",
     )
-    parser.add_argument("--bucket-mb", type=float, default=64.0)
+    parser.add_argument(
+        "--bucket-mb",
+        default="64",
+        help="MiB per bucket, or auto (dmuon.Muon(bucket_mb='auto'): 2-8 equal buckets tried as well)",
+    )
+    parser.add_argument(
+        "--exchange",
+        choices=["auto", "flat", "two_level"],
+        default="auto",
+        help="dmuon.Muon(exchange=...): auto is two-level where a shard group spans several nodes",
+    )
+    parser.add_argument(
+        "--hsdp-sharing",
+        choices=["auto", "all"],
+        default="auto",
+        help="HSDP: auto (dmuon.Muon's default hsdp_replicas='auto': matrices every replica computes "
+        "itself, chosen by predicted step) or all (hsdp_replicas='share': every bucket fanned out)",
+    )
+    parser.add_argument(
+        "--wire",
+        choices=sorted(WIRE_BYTES),
+        default="fp32",
+        help="fp32 (exact), bf16 (wire_dtype=bf16: results in bf16) or bf16-all (wire_scope='all')",
+    )
     parser.add_argument(
         "--fan-out",
         choices=["exact", "padded"],
@@ -411,6 +352,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--plot", type=Path, default=None)
     args = parser.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",") if w.strip()]
+    tune_buckets = args.bucket_mb == "auto"
+    try:
+        bucket_bytes = int((64.0 if tune_buckets else float(args.bucket_mb)) * 2**20)
+    except ValueError:
+        raise SystemExit(f"--bucket-mb: a number of MiB or auto, got {args.bucket_mb!r}") from None
     layouts = _csv(args.layouts, LAYOUTS, "--layouts")
     splits = _csv(args.splits, SPLITS, "--splits")
     if args.gpus_per_node < 1 or any(w < 1 for w in worlds):
@@ -443,7 +389,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"communication: alpha {args.alpha_us} us per message, {args.intra_gbs} GB/s intra-node and "
         f"{args.inter_gbs} GB/s inter-node per rank, {args.gpus_per_node} GPUs per node; "
-        f"buckets {args.bucket_mb} MB; planner {args.planner}; HSDP fan-out {args.fan_out}"
+        f"buckets {args.bucket_mb} MB; planner {args.planner}; HSDP fan-out {args.fan_out}, sharing "
+        f"{args.hsdp_sharing}; exchange {args.exchange}; wire {args.wire}"
     )
     header = (
         f"{'layout':<12} {'split':>5} {'W':>5} {'naive s':>9} {'dmuon s':>9} {'serial s':>9} {'speedup':>8} "
@@ -463,8 +410,12 @@ def main(argv: list[str] | None = None) -> dict:
                     cost,
                     net,
                     planner=args.planner,
-                    bucket_bytes=int(args.bucket_mb * 2**20),
+                    bucket_bytes=bucket_bytes,
                     fan_out_mode=args.fan_out,
+                    exchange=args.exchange,
+                    sharing=args.hsdp_sharing,
+                    tune_buckets=tune_buckets,
+                    wire=args.wire,
                 )
                 if r is None:
                     print(
@@ -508,6 +459,9 @@ def main(argv: list[str] | None = None) -> dict:
         "bucket_mb": args.bucket_mb,
         "planner": args.planner,
         "fan_out": args.fan_out,
+        "exchange": args.exchange,
+        "hsdp_sharing": args.hsdp_sharing,
+        "wire": args.wire,
         "layouts": layouts,
         "splits": splits,
         "worlds": worlds,

@@ -180,12 +180,31 @@ def hsdp_scenario(rank: int, world: int, ns_algorithm: str) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    from dmuon.planner import CostModel
+
+    # Replicas on two nodes whose link is slow next to Newton-Schulz: "auto" has every replica
+    # compute all matrices itself (owners), or (split) keeps some buckets shared and computes the
+    # others itself, both kinds in one step. Values found by trying the planner on this model.
+    slowest = CostModel(flops_per_second=1e8, ranks_per_node=world // 2, inter_node_bandwidth=2e5)
+    slow = CostModel(flops_per_second=1e8, ranks_per_node=world // 2, inter_node_bandwidth=5e5)
     variants = {
-        "share": {"split": "off"},
-        "share_split": {"split": "always"},
-        "share_split_serial": {"split": "always", "overlap": False, "bucket_mb": 0.004},
-        "share_buckets": {"split": "off", "bucket_mb": 0.004},
+        "share": {"split": "off", "hsdp_replicas": "share"},
+        "share_split": {"split": "always", "hsdp_replicas": "share"},
+        "share_split_serial": {
+            "split": "always",
+            "overlap": False,
+            "bucket_mb": 0.004,
+            "hsdp_replicas": "share",
+        },
+        "share_buckets": {"split": "off", "bucket_mb": 0.004, "hsdp_replicas": "share"},
         "repeat": {"hsdp_replicas": "repeat"},
+        "auto_local": {"hsdp_replicas": "auto", "cost_model": slowest, "bucket_mb": 0.004},
+        "auto_mixed_split": {
+            "hsdp_replicas": "auto",
+            "cost_model": slow,
+            "split": "always",
+            "bucket_mb": 0.004,
+        },
     }
     results: dict[str, Any] = {}
     for key, options in variants.items():
@@ -198,6 +217,7 @@ def hsdp_scenario(rank: int, world: int, ns_algorithm: str) -> dict[str, Any]:
             "local": {n: p.to_local().detach().clone() for n, p in model.named_parameters()},
             "plans": _plan_info(opt),
             "table": opt.plan_summary(),
+            "sharing": [p.bucket_replicas for p in opt.plans()],
         }
     return results
 
@@ -408,3 +428,97 @@ def split_ns_cases(rank: int, world: int) -> dict[str, Any]:
                 }
     split_ns._all_reduce, split_ns._all_gather = real_reduce, real_gather
     return out
+
+
+def exchange_cases(rank: int, world: int, ranks_per_node: int) -> dict[str, Any]:
+    """dmuon.exchange on its own: ragged all-to-alls with a seeded size matrix (zeros, self chunks,
+    empty rows), flat and two-level, forward and transposed, fp32 and a bf16 wire. Each element
+    encodes (source, destination, index), so the received buffer says where every value came from.
+    Also records the group sizes of the all_to_all_single calls made."""
+    from dmuon import exchange as ex
+
+    gen = torch.Generator().manual_seed(7)
+    matrix = torch.randint(0, 5, (world, world), generator=gen)
+    matrix[matrix == 1] = 0  # some pairs send nothing
+    matrix[world - 1] = 0  # one rank sends nothing at all
+    ranks = list(range(world))
+    layout = ex.node_layout(ranks, ranks_per_node)
+
+    def payload(m: torch.Tensor) -> torch.Tensor:
+        parts = [
+            torch.arange(int(m[rank, t]), dtype=torch.float32) + 1000 * rank + 100 * t for t in range(world)
+        ]
+        return torch.cat(parts)
+
+    calls: list[int] = []
+    original = dist.all_to_all_single
+
+    def recording(*args, **kwargs):
+        calls.append(dist.get_world_size(kwargs.get("group")))
+        return original(*args, **kwargs)
+
+    out: dict[str, Any] = {"layout": layout}
+    dist.all_to_all_single = recording
+    try:
+        for direction, m in (("forward", matrix), ("return", matrix.T.contiguous())):
+            for name, lay in (("flat", None), ("two_level", layout)):
+                for wire in (None, torch.bfloat16):
+                    calls.clear()
+                    exchange = ex.Exchange(m, rank, dist.group.WORLD, ranks, lay, wire)
+                    pending = exchange.start(payload(m), async_op=True)
+                    pending.advance()
+                    key = f"{direction}/{name}/{'bf16' if wire else 'fp32'}"
+                    out[key] = pending.wait()
+                    out[key + "/groups"] = list(calls)
+        expected = torch.cat(
+            [
+                torch.arange(int(matrix[s, rank]), dtype=torch.float32) + 1000 * s + 100 * rank
+                for s in range(world)
+            ]
+        )
+        out["expected_forward"] = expected
+    finally:
+        dist.all_to_all_single = original
+    return out
+
+
+def two_level_scenarios(rank: int, world: int) -> dict[str, Any]:
+    """FSDP2 over all ranks seen as nodes of 2 (ranks_per_node=2): the two-level exchange, pipelined
+    and serial, with split matrices, against the flat one; and the bf16 wire (FSDP2 and HSDP)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    variants = {
+        "flat": {"exchange": "flat", "bucket_mb": 0.004},
+        "two_level": {"exchange": "two_level", "ranks_per_node": 2, "bucket_mb": 0.004},
+        "two_level_serial": {
+            "exchange": "two_level",
+            "ranks_per_node": 2,
+            "bucket_mb": 0.004,
+            "overlap": False,
+        },
+        "flat_split": {"exchange": "flat", "split": "always", "bucket_mb": 0.004},
+        "two_level_split": {
+            "exchange": "two_level",
+            "ranks_per_node": 2,
+            "split": "always",
+            "bucket_mb": 0.004,
+        },
+        "auto_one_node": {"exchange": "auto", "ranks_per_node": world},
+        "wire_bf16": {"exchange": "two_level", "ranks_per_node": 2, "wire_dtype": torch.bfloat16},
+        "wire_bf16_all": {"exchange": "flat", "wire_dtype": torch.bfloat16, "wire_scope": "all"},
+    }
+    results: dict[str, Any] = {}
+    for key, options in variants.items():
+        model = _fsdp(make_model(), mesh)
+        opt = make_optimizer(model, **options)
+        train(model, opt, range(STEPS), rank, world)
+        results[key] = full_params(model)
+        results[key + "/plans"] = _plan_info(opt)
+    hsdp = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = _fsdp(make_model(), hsdp)
+    opt = make_optimizer(model, wire_dtype="bfloat16")
+    train(model, opt, range(STEPS), rank, world)
+    results["hsdp_wire_bf16"] = full_params(model)
+    results["hsdp_wire_bf16/local"] = {n: p.to_local().detach().clone() for n, p in model.named_parameters()}
+    return results

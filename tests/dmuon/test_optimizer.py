@@ -203,6 +203,13 @@ def test_high_rank_params_are_orthogonalised_as_matrices() -> None:
         ({"split": "sometimes"}, "split must be one of"),
         ({"split": True}, "split must be one of"),
         ({"hsdp_replicas": "all"}, "hsdp_replicas must be"),
+        ({"exchange": "hierarchical"}, "exchange must be one of"),
+        ({"ranks_per_node": 0}, "ranks_per_node must be"),
+        ({"ranks_per_node": 2.5}, "ranks_per_node must be"),
+        ({"wire_dtype": torch.int8}, "wire_dtype"),
+        ({"wire_dtype": "fp8"}, "wire_dtype"),
+        ({"wire_scope": "inputs"}, "wire_scope must be one of"),
+        ({"bucket_mb": "fast"}, "bucket_mb must be"),
     ],
 )
 def test_constructor_rejects_bad_arguments(kwargs, key) -> None:
