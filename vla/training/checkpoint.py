@@ -38,6 +38,7 @@ default process group, in the same order.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -183,7 +184,23 @@ def _capture(slot: list[BaseException]) -> Iterator[None]:
     try:
         yield
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
-        slot.append(exc)
+        slot.append(_unwrap_dcp(exc))
+
+
+def _unwrap_dcp(exc: BaseException) -> BaseException:
+    """DCP folds each rank's failure into a CheckpointException of tracebacks; an OSError inside (a full
+    disk, a read-only directory) is what the user must see, with its errno, so it comes out first."""
+    if isinstance(exc, CheckpointException):
+        for failure in exc.failures.values():
+            inner: BaseException | None = failure[0] if isinstance(failure, tuple) else failure
+            # torch.save inside DCP turns a failed write into RuntimeError("unexpected pos ..."), with
+            # the OSError as its context.
+            while inner is not None and not isinstance(inner, OSError):
+                inner = inner.__cause__ or inner.__context__
+            if inner is not None:
+                inner.__context__ = exc
+                return inner
+    return exc
 
 
 @contextmanager
@@ -218,9 +235,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_durably(path: Path, write: Any) -> None:
-    """Write via `write(file_object)`, flushing and fsyncing before returning."""
+    """Write via `write(file_object)`, flushing and fsyncing before returning.
+
+    The content is serialised in memory first (these files are small): torch.save writing straight
+    into a file on a full disk reports "unexpected pos" and loses the ENOSPC, which must reach the
+    user as "no space left"."""
+    buffer = io.BytesIO()
+    write(buffer)
     with open(path, "wb") as f:
-        write(f)
+        f.write(buffer.getbuffer())
         f.flush()
         os.fsync(f.fileno())
 

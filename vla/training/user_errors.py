@@ -70,6 +70,17 @@ def _raised_in_our_code(exc: BaseException) -> bool:
     return filename.startswith(_OUR_CODE)
 
 
+def disk_full_error(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC OSError in `exc`'s cause chain (a checkpoint, export or dataset write on a full disk)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def is_user_error(exc: BaseException) -> bool:
     """Whether `exc` (or the failure it wraps) is the user's to fix; see the module docstring."""
     from omegaconf.errors import OmegaConfBaseException
@@ -77,7 +88,7 @@ def is_user_error(exc: BaseException) -> bool:
     from vla.training.checkpoint import CheckpointError
     from vla.training.loop import NonFiniteLossError
 
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+    if disk_full_error(exc) is not None:
         return True
     if isinstance(exc, (*_user_error_types(), NonFiniteLossError, OmegaConfBaseException)):
         return True
@@ -95,8 +106,9 @@ def traceback_requested() -> bool:
 def describe(exc: BaseException) -> str:
     """The block train.py prints: 'error: <message>' and the switch for the traceback, at most
     MAX_LINES lines (a longer message is cut, saying how many lines were left out)."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = exc.filename or "the output or data directory"
+    full = disk_full_error(exc)
+    if full is not None:
+        where = full.filename or "the output or data directory"
         message = (
             f"no space left on the device holding {where}. The last complete checkpoint is kept: free some "
             "space (or point output_dir elsewhere), then resume with trainer.resume=auto"
