@@ -328,10 +328,10 @@ class _DiskFull:
         self._io_open = io.open
         builtins.open = io.open = opening  # io.open: what pathlib (and DCP's file system writer) call
         safetensors.torch.save_file = saving
-        import vla.training.checkpoint as checkpoint_module
+        import vla.training.export as export_module
 
-        self._module_save = checkpoint_module.save_file
-        checkpoint_module.save_file = saving
+        self._module_save = export_module.save_file
+        export_module.save_file = saving
         return self
 
     def _raise(self, name: str) -> None:
@@ -346,11 +346,11 @@ class _DiskFull:
 
         import safetensors.torch
 
-        import vla.training.checkpoint as checkpoint_module
+        import vla.training.export as export_module
 
         builtins.open, safetensors.torch.save_file = self._open, self._save
         io.open = self._io_open
-        checkpoint_module.save_file = self._module_save
+        export_module.save_file = self._module_save
 
 
 class _FullAtCall:

@@ -1,4 +1,6 @@
-"""Shared pytest setup: offline hubs, deterministic threads, GPU skipping."""
+"""Shared pytest setup: offline hubs, deterministic seeds, the trainer tests' dataset.
+
+No test needs a GPU: the GPU checks are scripts/gpu_check.sh, rehearsed on CPU by test_gpu_check.py."""
 
 from __future__ import annotations
 
@@ -11,15 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest
 import torch
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
 
 
 @pytest.fixture(autouse=True)

@@ -18,4 +18,14 @@ def write_file_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    try:  # the rename itself durable (not every platform opens directories)
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return path
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     return path

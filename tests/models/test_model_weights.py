@@ -294,12 +294,20 @@ def test_pi0_export_is_lerobot_named_and_round_trips_bitwise(tmp_path) -> None:
 def test_old_exports_and_openvla_exports_load(tmp_path) -> None:
     from vla.eval.policy_runner import load_exported_policy
     from vla.models.weights import detect_layout, load_weights
-    from vla.training.checkpoint import export_safetensors, read_safetensors_metadata
-    from vla.training.export import write_export
+    from vla.training.checkpoint import read_safetensors_metadata
+    from vla.training.export import write_export, write_safetensors
+
+    def old_export(policy, path):  # the header exports had before the LeRobot-named layout
+        header = {
+            "format": "vla.policy",
+            "policy_config": json.dumps(policy.config.to_dict(), sort_keys=True),
+        }
+        write_safetensors(policy.state_dict(), path, header)
+        return path
 
     # An export written before the LeRobot-named export: our names + "policy_config" in the metadata.
     old_pi0 = _trained_like("pi0_tiny")
-    old_file = export_safetensors(old_pi0, tmp_path / "old" / "policy.safetensors")
+    old_file = old_export(old_pi0, tmp_path / "old" / "policy.safetensors")
     assert detect_layout(set(load_file(str(old_file)))) == "vla"
     _same_outputs(old_pi0, load_exported_policy(old_file))
     fresh = build_policy("pi0_tiny")
@@ -311,7 +319,7 @@ def test_old_exports_and_openvla_exports_load(tmp_path) -> None:
     path = write_export(openvla.state_dict(), openvla.config, tmp_path / "openvla")
     assert read_safetensors_metadata(path)["vla.layout"] == "vla"
     _same_outputs(openvla, load_exported_policy(path))
-    old_openvla = export_safetensors(openvla, tmp_path / "old_openvla" / "policy.safetensors")
+    old_openvla = old_export(openvla, tmp_path / "old_openvla" / "policy.safetensors")
     _same_outputs(openvla, load_exported_policy(old_openvla))
 
 

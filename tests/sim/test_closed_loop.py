@@ -71,11 +71,12 @@ def test_trained_export_runs_in_closed_loop(tmp_path, sim_dataset) -> None:
     from vla.data import BatchProcessor, DatasetMetadata, ProcessorConfig
     from vla.eval.policy_runner import load_run_policy
     from vla.models import build_policy
-    from vla.training.checkpoint import export_safetensors
+    from vla.training.export import write_export
 
     policy = build_policy("pi0_tiny", cameras=["corner2"])
     run = tmp_path / "run"
-    export_safetensors(policy, run / "policy.safetensors")
+    run.mkdir()
+    write_export(policy.state_dict(), policy.config, run)
     processor = BatchProcessor.from_dataset(
         ProcessorConfig(
             camera_map={"observation.images.corner2": "corner2"},

@@ -20,12 +20,8 @@ from torch import nn
 
 import dmuon
 from vla.models import build_policy
-from vla.training.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    export_safetensors,
-    load_safetensors_into,
-)
+from vla.training.checkpoint import CheckpointError, CheckpointManager
+from vla.training.export import export_policy
 from vla.types import Batch
 
 GLOBAL_BATCH = 4
@@ -218,14 +214,12 @@ def fsdp_checkpoint_scenarios(rank: int, world: int, root: str, single_process_c
     results["latest_after_failure"] = str(manager.latest())
     results["entries_after_failure"] = sorted(p.name for p in manager.root.iterdir())
 
-    # Consolidated export from the sharded model, and its reload into a fresh sharded model.
-    export_path = Path(root) / "export" / "policy.safetensors"
-    export_safetensors(fresh, export_path, metadata={"step": str(N_STEPS + M_STEPS)})
+    # Consolidated export from the sharded model (the trainer's export path: gathered to rank 0).
+    export_dir = Path(root) / "export"
+    export_dir.mkdir(parents=True, exist_ok=True)
+    export_path = export_policy(fresh, export_dir, rank=rank, lerobot_config=None)
     results["export_path"] = str(export_path)
     results["probe"] = probe_outputs(fresh)
-    reloaded, _, _ = build("muon", seed=8, mesh=mesh)
-    load_safetensors_into(reloaded, export_path)
-    results["probe_reloaded_fsdp"] = probe_outputs(reloaded)
 
     # A checkpoint written by one process (no process group) resumes here: DCP reshards it and the
     # ranks the saver did not have keep their RNG, with a warning.

@@ -26,13 +26,8 @@ from torch import nn
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from vla.models import config_from_dict
-from vla.training.checkpoint import (
-    CheckpointError,
-    CheckpointManager,
-    export_safetensors,
-    load_safetensors_into,
-    read_safetensors_metadata,
-)
+from vla.training.checkpoint import CheckpointError, CheckpointManager, read_safetensors_metadata
+from vla.training.export import write_export, write_safetensors
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -297,39 +292,21 @@ def test_load_errors_name_the_problem(tmp_path: Path) -> None:
 
 
 def test_export_round_trip_single_process(tmp_path: Path) -> None:
+    from vla.eval.policy_runner import load_exported_policy
+
     policy, opt, scheduler = build("muon")
     train(policy, opt, scheduler, range(1))
-    path = export_safetensors(policy, tmp_path / "out" / "policy.safetensors", metadata={"run": "r1"})
-    assert sorted(p.name for p in path.parent.iterdir()) == ["policy.safetensors"]  # no tmp file left
-
+    path = write_export(policy.state_dict(), policy.config, tmp_path / "out")
+    assert not [p.name for p in path.parent.iterdir() if ".tmp" in p.name]  # no temporary file left
     meta = read_safetensors_metadata(path)
-    assert meta["format"] == "vla.policy" and meta["run"] == "r1"
+    assert meta["vla.layout"] == "lerobot_pi0"
     assert config_from_dict(json.loads(meta["policy_config"])) == policy.config
-
-    fresh, _, _ = build("muon", seed=5)
-    expected = probe_outputs(policy)
-    assert not torch.equal(probe_outputs(fresh), expected)
-    load_safetensors_into(fresh, path)
-    assert torch.equal(probe_outputs(fresh), expected)
-
-    config_json = json.dumps(policy.config.to_dict())
-    again = export_safetensors(
-        policy, tmp_path / "again.safetensors", metadata={"policy_config": config_json}
-    )
-    assert read_safetensors_metadata(again)["policy_config"] == config_json
-    with pytest.raises(ValueError, match="policy config was given twice"):
-        export_safetensors(policy, tmp_path / "x.safetensors", config={}, metadata={"policy_config": "{}"})
-
-    other = nn.Linear(2, 2)
-    with pytest.raises(RuntimeError, match=r"policy\.safetensors does not match Linear"):
-        load_safetensors_into(other, path)
-    with pytest.raises(ValueError, match="'tied' is written by export_safetensors itself"):
-        export_safetensors(other, tmp_path / "bad.safetensors", metadata={"tied": "{}"})
-    with pytest.raises(FileNotFoundError, match="no exported policy"):
-        load_safetensors_into(other, tmp_path / "missing.safetensors")
+    assert torch.equal(probe_outputs(load_exported_policy(path)), probe_outputs(policy))
 
 
-def test_export_stores_tied_weights_once(tmp_path: Path) -> None:
+def test_safetensors_store_tied_weights_once(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
     class Tied(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -339,13 +316,10 @@ def test_export_stores_tied_weights_once(tmp_path: Path) -> None:
 
     torch.manual_seed(0)
     model = Tied()
-    path = export_safetensors(model, tmp_path / "tied.safetensors", config={"kind": "toy"})
+    path = write_safetensors(
+        model.state_dict(), tmp_path / "tied.safetensors", {"format": "pt", "note": "toy"}
+    )
     meta = read_safetensors_metadata(path)
-    assert json.loads(meta["tied"]) == {"head.weight": "embed.weight"}
-    assert json.loads(meta["policy_config"]) == {"kind": "toy"}
-
-    torch.manual_seed(1)
-    fresh = Tied()
-    load_safetensors_into(fresh, path)
-    assert torch.equal(fresh.embed.weight, model.embed.weight)
-    assert fresh.head.weight is fresh.embed.weight
+    assert json.loads(meta["tied"]) == {"head.weight": "embed.weight"} and meta["note"] == "toy"
+    assert set(load_file(str(path))) == {"embed.weight"}  # stored once
+    assert torch.equal(load_file(str(path))["embed.weight"], model.embed.weight.detach())

@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from safetensors.torch import save_file
+from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from vla.atomic import write_file_atomically
@@ -37,6 +39,7 @@ from vla.models.config import (
     PolicyConfig,
 )
 from vla.models.weights import pi0_lerobot_tensors
+from vla.training.checkpoint.errors import check_finite_tensors
 
 EXPORT_FILE = "policy.safetensors"
 LEROBOT_DIR = "pretrained_model"
@@ -196,6 +199,37 @@ def export_header(config: PolicyConfig, layout: str) -> dict[str, str]:
     }
 
 
+def write_safetensors(state: Mapping[str, Tensor], path: Path, header: dict[str, str]) -> Path:
+    """Write a whole (unsharded) state dict as one safetensors file, atomically, with `header` as its
+    metadata. Tied tensors (one tensor under two names) are stored once, the header's "tied" entry
+    mapping each dropped name to the kept one (the loaders put them back). NaN/inf in any floating
+    tensor refuses the write (NonFiniteWeightsError naming the tensor): nothing non-finite is saved."""
+    check_finite_tensors(state, f"exporting {path}")
+    tensors: dict[str, Tensor] = {}
+    tied: dict[str, str] = {}
+    views: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype], str] = {}
+    storages: set[int] = set()
+    for name, tensor in state.items():
+        tensor = tensor.detach().to("cpu")
+        storage = tensor.untyped_storage().data_ptr()
+        view = (storage, tensor.storage_offset(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if tensor.numel() and view in views:
+            tied[name] = views[view]
+            continue
+        views[view] = name
+        # safetensors refuses tensors that are non-contiguous or overlap another stored tensor's memory
+        # (views into one fused buffer): those are copied, the rest are written without a copy.
+        if not tensor.is_contiguous() or (tensor.numel() and storage in storages):
+            tensor = tensor.contiguous().clone()
+        storages.add(storage)
+        tensors[name] = tensor
+    if tied:
+        header = {**header, "tied": json.dumps(tied, sort_keys=True)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_file_atomically(path, lambda tmp: save_file(tensors, str(tmp), metadata=header))
+    return path
+
+
 def write_export(
     state: dict[str, torch.Tensor],
     config: PolicyConfig,
@@ -203,16 +237,14 @@ def write_export(
     lerobot_config: dict[str, Any] | None = None,
 ) -> Path:
     """Write a full (unsharded) state dict with our names as the export of `output_dir` (one process)."""
-    from vla.training.checkpoint import _write_safetensors
-
     path = output_dir / EXPORT_FILE
     if isinstance(config, Pi0Config):
         tensors = pi0_lerobot_tensors(state, config)
-        _write_safetensors(tensors, path, export_header(config, "lerobot_pi0"))
+        write_safetensors(tensors, path, export_header(config, "lerobot_pi0"))
         if lerobot_config is not None:
             _write_lerobot_model(output_dir / LEROBOT_DIR, path, lerobot_config)
     else:
-        _write_safetensors(state, path, export_header(config, "vla"))
+        write_safetensors(state, path, export_header(config, "vla"))
     write_sidecar(path)  # policy.safetensors.sha256: loaders check the bytes against it
     return path
 
