@@ -138,6 +138,12 @@ class OptimConfig:
     bucket_mb: float = 64.0
     overlap: bool = True
     split: str = "auto"  # dmuon.Muon(split=...): "auto", "off" or "always"
+    # dmuon.Muon's distribution options (see its docstring): two-level all-to-alls across nodes, HSDP
+    # sharing chosen per matrix, and the opt-in (inexact) bf16 wire for results ("all": momenta too).
+    exchange: str = "auto"
+    hsdp_replicas: str = "auto"
+    wire_dtype: str | None = None
+    wire_scope: str = "results"
     # Input/output maps of every tower go to AdamW (one regex; see vla.models.naming).
     adamw_patterns: str = (
         r"(embed_tokens|lm_head|patch_embedding|position_embedding|multi_modal_projector|state_proj"
@@ -158,6 +164,11 @@ class OptimConfig:
             raise ValueError(f"optim.momentum must be in [0, 1), got {self.momentum}")
         _choice("optim.planner", self.planner, ("lpt", "milp"))
         _choice("optim.split", self.split, ("auto", "off", "always"))
+        _choice("optim.exchange", self.exchange, ("auto", "flat", "two_level"))
+        _choice("optim.hsdp_replicas", self.hsdp_replicas, ("auto", "share", "repeat"))
+        _choice("optim.wire_scope", self.wire_scope, ("results", "all"))
+        if self.wire_dtype is not None:
+            _choice("optim.wire_dtype", self.wire_dtype, ("bfloat16", "float16"))
         _choice("optim.cost_model", self.cost_model, ("flops", "calibrated"))
         _choice("optim.ns_algorithm", self.ns_algorithm, ("standard", "gram", "auto"))
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):

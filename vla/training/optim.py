@@ -48,6 +48,10 @@ def build_optimizer(cfg: OptimConfig, policy: nn.Module) -> torch.optim.Optimize
         bucket_mb=cfg.bucket_mb,
         overlap=cfg.overlap,
         split=cfg.split,
+        exchange=cfg.exchange,
+        hsdp_replicas=cfg.hsdp_replicas,
+        wire_dtype=cfg.wire_dtype,
+        wire_scope=cfg.wire_scope,
     )
 
 

@@ -114,6 +114,14 @@ def saved_config(trainer_state: dict[str, Any], output_dir: Path) -> dict[str, A
     return flatten(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
 
 
+def _schema_defaults(cfg: Any) -> dict[str, Any]:
+    """The flattened defaults of `cfg`'s schema (empty when it has no default-constructible type)."""
+    try:
+        return flatten(type(cfg)())
+    except TypeError:
+        return {}
+
+
 def _trajectory_key(key: str) -> bool:
     return key not in HARMLESS and any(key == k or key.startswith(k) for k in TRAJECTORY_KEYS)
 
@@ -143,6 +151,13 @@ def check_resume(
     else:
         changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
         changed = [k for k in changed if k not in ("trainer.resume", "output_dir", "run_name")]
+        defaults = _schema_defaults(cfg)
+        for key in [k for k in changed if k not in saved and k in defaults and current.get(k) == defaults[k]]:
+            # A setting added after the run was saved, at its default (the behaviour the run had).
+            notes.append(
+                f"resume: {key} is newer than this checkpoint's config; it runs at its default {current[key]!r}"
+            )
+            changed.remove(key)
         for key in changed:
             line = f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
             if _trajectory_key(key):
