@@ -193,13 +193,17 @@ class _ShardedBucket:
         inputs_wire: torch.dtype | None,
         results_wire: torch.dtype | None,
     ) -> tuple[Exchange, Exchange]:
-        """The forward exchange and the return of this bucket inside my replica's shard group."""
-        size = self.plan.ranks_per_replica
-        matrix = send_matrix(self.plan, self.k, self.job_replica)
-        ranks = domain.ranks[self.replica * size : (self.replica + 1) * size]
-        forward = Exchange(matrix, self.shard, domain.group, ranks, layout, inputs_wire)
-        back = Exchange(matrix.T.contiguous(), self.shard, domain.group, ranks, layout, results_wire)
-        return forward, back
+        """The forward exchange and the return of this bucket inside my replica's shard group (built at
+        the first step and kept in the plan's memo, like the routes)."""
+        key = ("exchanges", self.k, self.me, layout, inputs_wire, results_wire)
+        if key not in self.plan.memo:
+            size = self.plan.ranks_per_replica
+            matrix = send_matrix(self.plan, self.k, self.job_replica)
+            ranks = domain.ranks[self.replica * size : (self.replica + 1) * size]
+            forward = Exchange(matrix, self.shard, domain.group, ranks, layout, inputs_wire)
+            back = Exchange(matrix.T.contiguous(), self.shard, domain.group, ranks, layout, results_wire)
+            self.plan.memo[key] = (forward, back)
+        return self.plan.memo[key]
 
     def _local(self, t: Tensor, i: int) -> Tensor:
         spec = self.plan.specs[i]

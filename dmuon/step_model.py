@@ -205,15 +205,15 @@ def bucket_transfers(
 ) -> tuple[list[Transfer], list[Transfer]]:
     """The stages of bucket k's exchange and of its return (one stage flat, two when two-level)."""
     layout = layout_of(plan, 0, net, exchange)
-    if layout is None:
-        return (
-            [flat_transfer(plan, k, net, element_bytes=input_bytes)],
-            [flat_transfer(plan, k, net, element_bytes=result_bytes)],
-        )
-    return (
-        list(two_level_transfers(plan, k, net, layout, element_bytes=input_bytes)),
-        list(two_level_transfers(plan, k, net, layout, element_bytes=result_bytes)),
-    )
+
+    def stages(element_bytes: int) -> list[Transfer]:
+        if layout is None:
+            return [flat_transfer(plan, k, net, element_bytes=element_bytes)]
+        return list(two_level_transfers(plan, k, net, layout, element_bytes=element_bytes))
+
+    forward = stages(input_bytes)
+    # The return moves the same pieces back: one price serves both unless the wire differs.
+    return forward, forward if result_bytes == input_bytes else stages(result_bytes)
 
 
 class _Timeline:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from vla.help_format import HelpFormatter  # noqa: E402
 from vla.training.checkpoint import CheckpointError, CheckpointManager, DamagedCheckpointError  # noqa: E402
+from vla.training.user_errors import disk_full_error  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -411,16 +412,6 @@ class _FullAtCall:
         )
 
 
-def _enospc(exc: BaseException) -> OSError | None:
-    import errno
-
-    while exc is not None:
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-            return exc
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return None
-
-
 def _bytes_written(action: Any) -> int:
     with _DiskFull(budget=1 << 62) as meter:
         action()
@@ -484,7 +475,7 @@ def disk_full_case(work: Path, rng: random.Random, target: str) -> dict[str, Any
         with full_disk:
             action()
     except BaseException as exc:
-        full = _enospc(exc)
+        full = disk_full_error(exc)
         if full is None:
             return {**case, "outcome": "silent", "detail": f"not an ENOSPC error: {exc!r}"[:200]}
         error = f"{exc} {full}"

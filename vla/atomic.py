@@ -18,14 +18,19 @@ def write_file_atomically(path: Path, write: Callable[[Path], Any]) -> Path:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    try:  # the rename itself durable (not every platform opens directories)
-        fd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+    return path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in `path` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
-        return path
+        return
     try:
         os.fsync(fd)
     except OSError:
         pass
     finally:
         os.close(fd)
-    return path

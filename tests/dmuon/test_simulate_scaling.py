@@ -1,4 +1,4 @@
-"""scripts/simulate_scaling.py: the communication model on hand-made plans, and the script end to end on
+"""scripts/simulate_scaling.py: the naive baseline's price, and the script end to end on
 pi0_small with the FLOP model (no calibration): layouts, split modes, fan-out, JSON and plot."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dmuon.layout import chunk_rows
-from dmuon.planner import CostModel, MatrixSpec, Plan
+from dmuon.planner import CostModel, MatrixSpec
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "simulate_scaling.py"
 
@@ -29,23 +29,6 @@ sim = _load()
 NS = sim.ns_config("auto")
 ALPHA, INTRA, INTER = 1e-5, 100e9, 10e9
 NET = sim.Network(alpha=ALPHA, intra=INTRA, inter=INTER, gpus_per_node=2)
-
-
-def _plan(world: int, per_replica: int, owners: list[int], *, buckets=None, seconds=None) -> Plan:
-    """Two 4 x 8 matrices "a", "b" with the given owners, rows sharded over `per_replica` ranks."""
-    specs = tuple(MatrixSpec(name, 4, 8, NS, chunk_rows(4, per_replica)) for name in ("a", "b"))
-    buckets = buckets or ((0, 1),)
-    seconds = seconds or tuple((0.0,) * world for _ in buckets)
-    return Plan(
-        world=world,
-        specs=specs,
-        owners=tuple(owners),
-        buckets=buckets,
-        rank_seconds=tuple(sum(b[r] for b in seconds) for r in range(world)),
-        strategy="hand",
-        bucket_seconds=seconds,
-        ranks_per_replica=per_replica,
-    )
 
 
 def test_naive_gathers_over_the_shard_group_at_the_right_bandwidth() -> None:

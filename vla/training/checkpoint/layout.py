@@ -22,20 +22,6 @@ _TMP_PREFIX = ".tmp_step_"
 _TRASH_PREFIX = ".trash_step_"
 
 
-def _fsync_dir(path: Path) -> None:
-    # Makes a rename or a new entry durable; not all platforms allow opening a directory.
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_durably(path: Path, write: Any) -> None:
     """Write via `write(file_object)`, flushing and fsyncing before returning.
 

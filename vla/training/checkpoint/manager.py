@@ -19,6 +19,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 from torch.optim import Optimizer
 
+from vla.atomic import fsync_dir as _fsync_dir
 from vla.training.checkpoint.collective import (
     _agree,
     _capture,
@@ -38,7 +39,6 @@ from vla.training.checkpoint.layout import (
     MODEL_OPTIM_DIR,
     RNG_DIR,
     TRAINER_FILE,
-    _fsync_dir,
     _manifest_digest,
     _read_manifest,
     _write_durably,
