@@ -217,6 +217,23 @@ def test_nan_weights_are_never_saved_or_exported(tmp_path: Path) -> None:
     assert not export.exists() and list(tmp_path.glob(".policy*")) == []
 
 
+def test_the_finite_check_reads_every_chunk_of_large_and_strided_tensors(monkeypatch) -> None:
+    """The check runs chunk by chunk (its temporaries stay small at pi0's full size): a NaN in the last
+    chunk, or in a non-contiguous view, is still found."""
+    from vla.training.checkpoint import errors
+
+    monkeypatch.setattr(errors, "_FINITE_CHUNK", 7)
+    tensor = torch.zeros(10, 5)
+    errors.check_finite_tensors({"w": tensor, "t": tensor.t()}, "saving")
+    tensor[9, 4] = float("-inf")  # the last element: the 8th chunk of 7
+    with pytest.raises(
+        NonFiniteWeightsError, match=r"saving: w holds 1 non-finite value\(s\) \(NaN/inf\) of 50"
+    ):
+        errors.check_finite_tensors({"w": tensor}, "saving")
+    with pytest.raises(NonFiniteWeightsError, match=r"saving: t holds 1 non-finite"):
+        errors.check_finite_tensors({"t": tensor.t()}, "saving")
+
+
 def test_a_damaged_export_is_named_not_a_raw_safetensors_error(tmp_path: Path) -> None:
     from vla.checksums import check_sidecar, sidecar
     from vla.eval.exported import DamagedExportError

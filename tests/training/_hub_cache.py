@@ -33,13 +33,10 @@ def cache_repo(cache: Path, repo_id: str, repo_type: str, files: dict[str, Path 
 
 
 def paligemma_sized_tokenizer(directory: Path, size: int = 257_152) -> Path:
-    """A word-level tokenizer with PaliGemma's number of ids (its real one cannot be downloaded here),
-    saved as PaliGemma's repository holds it: tokenizer files and a config.json (AutoTokenizer reads it)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A word-level tokenizer with PaliGemma's number of ids (its real one cannot be downloaded here)."""
+    from vla.data.tokenizer import save_word_level_tokenizer
 
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3}
-    for word in [
+    words = [
         "reach",
         "the",
         "goal",
@@ -52,16 +49,5 @@ def paligemma_sized_tokenizer(directory: Path, size: int = 257_152) -> Path:
         "drawer",
         "press",
         "button",
-    ]:
-        vocab.setdefault(word, len(vocab))
-    vocab.update({f"<unused{i}>": i for i in range(len(vocab), size)})
-    model = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
-    )
-    tokenizer.save_pretrained(str(directory))
-    config = directory / "tokenizer_config.json"
-    config.write_text(config.read_text().replace('"TokenizersBackend"', '"PreTrainedTokenizerFast"'))
-    (directory / "config.json").write_text('{"model_type": "paligemma"}')
-    return directory
+    ]
+    return save_word_level_tokenizer(directory, words, size)

@@ -137,3 +137,67 @@ def test_script_exports_a_checkpoint_like_the_run(tiny_run, tmp_path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "no processor.json" in missing.stderr
+
+
+def test_saved_tokenizer_loads_under_transformers_4(tiny_run) -> None:
+    """transformers 5 records "TokenizersBackend" as the class, which LeRobot 0.4's transformers 4.x cannot
+    load (found against the real LeRobot 0.4.4); the saved copy names PreTrainedTokenizerFast."""
+    saved = json.loads((tiny_run / "pretrained_model" / "tokenizer" / "tokenizer_config.json").read_text())
+    assert saved["tokenizer_class"] == "PreTrainedTokenizerFast"
+
+
+def test_processor_files_carry_the_run_s_eps(tiny_run, tmp_path) -> None:
+    """A run saved before LeRobot's eps (1e-6 in processor.json) is exported with 1e-6, not LeRobot's 1e-8:
+    LeRobot's normaliser then gives our state to float precision (with 1e-8 it differed by 2.5e-5)."""
+    from vla.training.export import export_for_lerobot
+
+    run = tmp_path / "legacy_run"
+    run.mkdir()
+    for name in ("config.yaml", "policy.safetensors", "policy.safetensors.sha256"):
+        (run / name).write_bytes((tiny_run / name).read_bytes())
+    processor = json.loads((tiny_run / "processor.json").read_text())
+    assert processor["normalizer"]["eps"] == 1e-8
+    del processor["normalizer"]["eps"]  # as runs wrote it before
+    (run / "processor.json").write_text(json.dumps(processor))
+    directory = export_for_lerobot(run)
+    for name, index in (("policy_preprocessor.json", 5), ("policy_postprocessor.json", 0)):
+        steps = json.loads((directory / name).read_text())["steps"]
+        assert steps[index]["config"]["eps"] == 1e-6
+    fresh = json.loads((tiny_run / "pretrained_model" / "policy_preprocessor.json").read_text())
+    assert fresh["steps"][5]["config"]["eps"] == 1e-8
+
+
+def test_parity_script_records_frames_noise_and_our_actions(tiny_run, tmp_path) -> None:
+    """Step 1 of scripts/check_lerobot_parity.py (step 2 needs a LeRobot venv): the actions it records are
+    the policy runner's for the recorded noise, and the frames are the dataset's."""
+    import torch
+    from safetensors.torch import load_file as load_tensors
+
+    from vla.data.reader import LeRobotDataset
+    from vla.eval.policy_runner import load_run_policy, run_dataset_root
+
+    result = subprocess.run(
+        [sys.executable, "scripts/check_lerobot_parity.py", "ours", "--run", str(tiny_run), "--frames", "2",
+         "--out", str(tmp_path / "parity")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((tmp_path / "parity" / "parity.json").read_text())
+    assert manifest["lerobot_model"] is False and len(manifest["indices"]) == 2
+    recorded = load_tensors(str(tmp_path / "parity" / "parity.safetensors"))
+    actor = load_run_policy(tiny_run)
+    reader = LeRobotDataset(run_dataset_root(tiny_run))
+    for frame, index in enumerate(manifest["indices"]):
+        item = reader[index]
+        for key in manifest["keys"]:
+            assert torch.equal(recorded[f"{frame}/item/{key}"], item[key])
+        noise = recorded[f"{frame}/noise"].unsqueeze(0)
+        again = actor.sample([item], noise=noise)
+        np.testing.assert_array_equal(recorded[f"{frame}/actions"].numpy(), again[0])
+        other = actor.sample([item], noise=torch.randn_like(noise))
+        assert not np.allclose(other, again)  # the given noise is what was used
+        np.testing.assert_allclose(
+            recorded[f"{frame}/unnormalised"].numpy(),
+            actor.processor.unnormalize_actions(recorded[f"{frame}/normalised"]).numpy(),
+            rtol=0, atol=1e-6,
+        )  # fmt: skip

@@ -17,6 +17,7 @@ truncates/right-pads to a fixed length with a mask.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -106,6 +107,50 @@ def build_builtin_tokenizer() -> Any:
     return tokenizer
 
 
+def save_word_level_tokenizer(directory: Path, words: Sequence[str], size: int = PALIGEMMA_TOKENIZER_SIZE) -> Path:
+    """Save a word-level tokenizer of `size` ids to `directory` as a PaliGemma checkpoint holds one
+    (tokenizer files and a config.json that AutoTokenizer reads), for offline checks where PaliGemma's
+    own tokenizer cannot be downloaded: ids 0-3 are SPECIAL_TOKENS, then `words` (lower-case, split on
+    whitespace), then `<unusedN>` fillers. Like Gemma's, encode(text) prepends BOS unless
+    add_special_tokens=False, so LeRobot's tokenizer step and PromptTokenizer give the same ids."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS)}
+    for word in words:
+        vocab.setdefault(word.lower(), len(vocab))
+    if len(vocab) > size:
+        raise ValueError(f"{len(vocab)} words and special tokens do not fit in {size} ids")
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), size)})
+    model = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    model.normalizer = normalizers.Lowercase()
+    model.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    model.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=model, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
+    directory = save_portable(tokenizer, directory)
+    (directory / "config.json").write_text('{"model_type": "paligemma"}')
+    return directory
+
+
+def save_portable(tokenizer: Any, directory: Path) -> Path:
+    """`tokenizer.save_pretrained(directory)` that transformers 4.x loads too (LeRobot 0.4 runs on it):
+    transformers 5 records its fast tokenizers' class as "TokenizersBackend", which 4.x does not know;
+    the same files under 4.x's name for it, PreTrainedTokenizerFast, load in both."""
+    directory = Path(directory)
+    tokenizer.save_pretrained(str(directory))
+    config = directory / "tokenizer_config.json"
+    if config.is_file():
+        settings = json.loads(config.read_text())
+        if settings.get("tokenizer_class") == "TokenizersBackend":
+            settings["tokenizer_class"] = "PreTrainedTokenizerFast"
+            config.write_text(json.dumps(settings, indent=2))
+    return directory
+
+
 class TokenizerUnavailableError(DatasetError, FileNotFoundError):
     """The configured tokenizer is neither a local directory nor in the Hugging Face cache."""
 
@@ -156,7 +201,7 @@ def tokenizer_reference(path: str | Path | None, tokenizer: Any, save_dir: Path)
     processor): the hub id, the local directory (absolute), or for the built-in tokenizer the absolute
     path of a copy saved to `save_dir`."""
     if is_builtin(path):
-        tokenizer.save_pretrained(str(save_dir))
+        save_portable(tokenizer, save_dir)
         return str(save_dir.resolve())
     from vla.data.hub import looks_like_hub_id
 

@@ -77,13 +77,21 @@ class PolicyActor:
 
     @torch.no_grad()
     def sample(
-        self, observations: Sequence[Mapping[str, Any]], envs: Sequence[Any] | None = None
+        self,
+        observations: Sequence[Mapping[str, Any]],
+        envs: Sequence[Any] | None = None,
+        noise: torch.Tensor | None = None,
     ) -> np.ndarray:
-        """(B, H, action_dim) float32 actions in dataset units for B observation dicts."""
+        """(B, H, action_dim) float32 actions in dataset units for B observation dicts.
+
+        noise: (B, H, max_action_dim), the flow-matching sampler's starting point (pi0 only), e.g. to
+        compare with another implementation given the same draw; None draws it as described above."""
         observation = self.processor.observation(observations).to(self.device)
         kwargs: dict[str, Any] = {}
         if self.policy.config.kind == "pi0":
-            kwargs["noise"] = self._noise(envs, len(observations)).to(self.device)
+            if noise is None:
+                noise = self._noise(envs, len(observations))
+            kwargs["noise"] = noise.to(self.device)
             if self.num_steps is not None:
                 kwargs["num_steps"] = self.num_steps
         actions = self.policy.sample_actions(observation, **kwargs)

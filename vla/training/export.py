@@ -306,6 +306,7 @@ def write_lerobot_processor_for(
             pc.tokenizer_path, processor.prompts.tokenizer, directory / "tokenizer"
         ),
         max_length=pc.max_prompt_length,
+        eps=processor.normalizer.eps,  # the run's: LeRobot's 1e-8, or 1e-6 for runs saved before it
     )
 
 
