@@ -284,6 +284,10 @@ class _DiskFull:
 
         import safetensors.torch
 
+        # Imported before anything is patched: a first import inside the window would bind the patched
+        # save_file into vla.training.export for good (every later export in the process "full").
+        import vla.training.export as export_module
+
         self._open, self._save = builtins.open, safetensors.torch.save_file
         owner = self
 
@@ -329,8 +333,6 @@ class _DiskFull:
         self._io_open = io.open
         builtins.open = io.open = opening  # io.open: what pathlib (and DCP's file system writer) call
         safetensors.torch.save_file = saving
-        import vla.training.export as export_module
-
         self._module_save = export_module.save_file
         export_module.save_file = saving
         return self

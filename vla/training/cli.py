@@ -260,7 +260,6 @@ def main(cfg: Any) -> int:
     from hydra.core.hydra_config import HydraConfig
 
     from vla.training.guards import EXIT_FINISHED, EXIT_STOPPED, StopRequested
-    from vla.training.loop import run
 
     hydra_dir = hydra_output_dir()
     try:
@@ -271,6 +270,8 @@ def main(cfg: Any) -> int:
         train_config = to_train_config(cfg)
         if hydra_dir and os.path.abspath(train_config.output_dir) != os.path.abspath(hydra_dir):
             remove_if_empty(hydra_dir)  # output_dir=... was given: Hydra's directory stays unused
+        from vla.training.loop import run  # after the config checks: their errors need none of it
+
         summary = run(train_config)
     except StopRequested as stop:
         print(f"vla: {stop}", file=sys.stderr, flush=True)

@@ -6,7 +6,7 @@ Everything else is a bug and keeps its traceback. HYDRA_FULL_ERROR=1 (Hydra's sw
 VLA_TRACEBACK=1 shows the traceback of user errors too.
 
 Classified as user errors:
-- the project's own error types for bad input (USER_ERROR_TYPES), and missing / unreadable paths;
+- the project's own error types for bad input (_USER_ERROR_CLASSES), and missing / unreadable paths;
 - ValueError / TypeError raised by the project's own validation (the innermost frame is in vla/ or
   dmuon/: a deliberate check, not a library failing on a bug), and OmegaConf's type/value errors;
 - a disk that is full (ENOSPC), wherever it surfaces;
@@ -27,37 +27,40 @@ TRACEBACK_SWITCHES = ("HYDRA_FULL_ERROR", "VLA_TRACEBACK")
 MAX_LINES = 6
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    from vla.data.errors import DatasetError
-    from vla.eval.exported import DamagedExportError
-    from vla.models.weights import CheckpointMismatchError
-    from vla.sim.metaworld_env import SimError
-    from vla.training.checkpoint import DamagedCheckpointError, NonFiniteWeightsError
-    from vla.training.cli import LaunchError
-    from vla.training.guards import NonFiniteMetricError
-    from vla.training.preflight import InsufficientMemoryError
-    from vla.training.resume import ResumeMismatchError
-    from vla.training.rundir import RunDirectoryError
-    from vla.training.runlock import RunLockError
+# The project's bad-input error types, by defining module: looked up in sys.modules, never imported, so
+# classifying an error costs nothing (importing them all took ~4 s: DCP, transformers) and an exception
+# can only be an instance of a class whose module has run.
+_USER_ERROR_CLASSES = (
+    ("vla.data.errors", "DatasetError"),
+    ("vla.eval.exported", "DamagedExportError"),
+    ("vla.models.weights", "CheckpointMismatchError"),
+    ("vla.sim.metaworld_env", "SimError"),
+    ("vla.training.checkpoint.errors", "DamagedCheckpointError"),
+    ("vla.training.checkpoint.errors", "NonFiniteWeightsError"),
+    ("vla.training.cli", "LaunchError"),
+    ("vla.training.guards", "NonFiniteMetricError"),
+    ("vla.training.loop", "NonFiniteLossError"),
+    ("vla.training.preflight", "InsufficientMemoryError"),
+    ("vla.training.resume", "ResumeMismatchError"),
+    ("vla.training.rundir", "RunDirectoryError"),
+    ("vla.training.runlock", "RunLockError"),
+    ("omegaconf.errors", "OmegaConfBaseException"),
+)
+_PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
-    return (
-        DatasetError,
-        DamagedExportError,
-        CheckpointMismatchError,
-        SimError,
-        DamagedCheckpointError,
-        NonFiniteWeightsError,
-        LaunchError,
-        NonFiniteMetricError,
-        InsufficientMemoryError,
-        ResumeMismatchError,
-        RunDirectoryError,
-        RunLockError,
-        FileNotFoundError,
-        NotADirectoryError,
-        IsADirectoryError,
-        PermissionError,
-    )
+
+def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
+    """The classes among `names` whose modules are loaded."""
+    found = []
+    for module, name in names:
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(getattr(loaded, name, None), type):
+            found.append(getattr(loaded, name))
+    return tuple(found)
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    return (*_loaded(_USER_ERROR_CLASSES), *_PATH_ERRORS)
 
 
 def _raised_in_our_code(exc: BaseException) -> bool:
@@ -83,18 +86,14 @@ def disk_full_error(exc: BaseException | None) -> OSError | None:
 
 def is_user_error(exc: BaseException) -> bool:
     """Whether `exc` (or the failure it wraps) is the user's to fix; see the module docstring."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from vla.training.checkpoint import CheckpointError
-    from vla.training.loop import NonFiniteLossError
-
     if disk_full_error(exc) is not None:
         return True
-    if isinstance(exc, (*_user_error_types(), NonFiniteLossError, OmegaConfBaseException)):
+    if isinstance(exc, _user_error_types()):
         return True
     if isinstance(exc, ValueError | TypeError) and _raised_in_our_code(exc):
         return True
-    if isinstance(exc, CheckpointError) and exc.__cause__ is not None:
+    wrapper = _loaded((("vla.training.checkpoint.errors", "CheckpointError"),))
+    if wrapper and isinstance(exc, wrapper) and exc.__cause__ is not None:
         return is_user_error(exc.__cause__)
     return False
 
