@@ -48,7 +48,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--max-attempts", type=int, default=None, help="seeds tried per task (default 2 x episodes)"
     )
-    parser.add_argument("--codec", choices=["av1", "h264"], default=defaults.codec)
+    parser.add_argument(
+        "--codec",
+        choices=["av1", "h264"],
+        default=defaults.codec,
+        help="video codec (h264: libx264; av1: libsvtav1, LeRobot's default)",
+    )
     parser.add_argument("--crf", type=int, default=defaults.crf, help="video quality (lower: better, bigger)")
     parser.add_argument(
         "--action-noise",

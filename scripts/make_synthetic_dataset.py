@@ -27,7 +27,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--video", action=argparse.BooleanOptionalAction, default=True, help="MP4 or PNG in parquet"
     )
-    parser.add_argument("--codec", choices=["av1", "h264"], default="av1")
+    parser.add_argument(
+        "--codec",
+        choices=["av1", "h264"],
+        default="av1",
+        help="video codec (av1: libsvtav1, LeRobot's default; h264: libx264)",
+    )
     parser.add_argument("--fps", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--noise-std", type=float, default=0.01, help="position noise per step")
