@@ -96,11 +96,10 @@ def _build_full_size_run(run_dir: Path, dataset: Path, seed: int) -> None:
     from vla.training.export import LEROBOT_DIR, lerobot_config_for, write_export, write_lerobot_processor_for
 
     meta = DatasetMetadata(dataset)
-    cameras = list(meta.camera_keys)[:3]
-    model_cameras = ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"][: len(cameras)]
+    cameras = list(zip(meta.camera_keys, resolve_config("pi0").cameras))  # dataset key -> model camera
     words = sorted({word for task in meta.tasks for word in task.lower().split()})
     tokenizer_dir = save_word_level_tokenizer(run_dir.parent / "paligemma_stand_in_tokenizer", words)
-    camera_map = ", ".join(f"{key}: {camera}" for key, camera in zip(cameras, model_cameras))
+    camera_map = ", ".join(f"{key}: {camera}" for key, camera in cameras)
     cfg = compose(
         [
             "model=pi0",
@@ -124,7 +123,6 @@ def _build_full_size_run(run_dir: Path, dataset: Path, seed: int) -> None:
                 chunk.add_(torch.randn(chunk.shape, generator=generator).mul_(0.02))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "processor.json").write_text(json.dumps(processor.state_dict(), indent=1))
-    (run_dir / "dataset.txt").write_text(str(dataset.resolve()))
     write_export(
         policy.state_dict(),
         policy.config,

@@ -51,12 +51,8 @@ _PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permis
 
 def _loaded(names: tuple[tuple[str, str], ...]) -> tuple[type[BaseException], ...]:
     """The classes among `names` whose modules are loaded."""
-    found = []
-    for module, name in names:
-        loaded = sys.modules.get(module)
-        if loaded is not None and isinstance(getattr(loaded, name, None), type):
-            found.append(getattr(loaded, name))
-    return tuple(found)
+    found = (getattr(sys.modules.get(module), name, None) for module, name in names)
+    return tuple(cls for cls in found if isinstance(cls, type))
 
 
 def _user_error_types() -> tuple[type[BaseException], ...]:
