@@ -118,3 +118,51 @@ def test_interval_contains_the_rate_and_plots_at_the_ends(tmp_path) -> None:
     report = ClosedLoopReport("expert", 1000, SETTINGS, [task_report("reach-v3", results)])
     plot_success({"expert": report}, tmp_path / "s.png")  # 20/20: error bars of zero length, not negative
     assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+class _ImageDrivenPolicy:
+    """Chunks that depend on every pixel it is shown; checks each frame it is given against a fresh
+    render of its environment's current state (what it must see), and counts its calls."""
+
+    name = "image-driven"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.stale = 0
+
+    def act(self, envs, observations) -> np.ndarray:
+        chunks = []
+        for env, obs in zip(envs, observations):
+            self.calls += 1
+            image = obs["observation.images.corner2"]
+            self.stale += not np.array_equal(image, env.render("corner2"))
+            self.stale += not np.array_equal(obs["observation.state"], env.state())
+            direction = np.array([image[..., 0].mean(), -image[..., 1].mean(), image[..., 2].mean()]) / 255
+            chunks.append(np.tile(np.append(direction - 0.4, np.sin(image.sum() / 1e3)), (6, 1)))
+        return np.stack(chunks).astype(np.float32)
+
+
+def test_rendering_only_the_replanning_frame_changes_nothing(monkeypatch) -> None:
+    """The harness renders only the frame each chunk is planned from: every chunk is planned from the
+    current frame, outcomes equal rendering every step, and at most one frame is rendered per chunk."""
+    renders = []
+    original_step, original_render = MetaWorldEnv.step, MetaWorldEnv.render
+    monkeypatch.setattr(
+        MetaWorldEnv, "render", lambda self, camera: renders.append(camera) or original_render(self, camera)
+    )
+    lazy_policy = _ImageDrivenPolicy()
+    lazy = evaluate_closed_loop(lazy_policy, ["push-v3"], 3, 1000, SETTINGS)
+    lazy_renders = len(renders) - lazy_policy.calls  # the policy's own check renders once per call
+
+    renders.clear()
+    monkeypatch.setattr(MetaWorldEnv, "step", lambda self, action, observe=True: original_step(self, action))
+    eager_policy = _ImageDrivenPolicy()
+    eager = evaluate_closed_loop(eager_policy, ["push-v3"], 3, 1000, SETTINGS)
+
+    assert lazy_policy.stale == 0 and lazy_policy.calls > 3
+    assert [(r.seed, r.success, r.steps) for r in lazy.tasks[0].results] == [
+        (r.seed, r.success, r.steps) for r in eager.tasks[0].results
+    ]
+    # eager: the 3 resets and every step; lazy: the resets and at most one frame per chunk played
+    assert len(renders) - eager_policy.calls == sum(r.steps for r in eager.tasks[0].results) + 3
+    assert lazy_renders <= lazy_policy.calls + 3 < (len(renders) - eager_policy.calls) / 3

@@ -209,12 +209,16 @@ def _run_group(
                 f"policy {policy.name!r} returned actions of shape {chunk.shape}; expected "
                 f"({len(active)}, H, {ACTION_DIM})"
             )
-        for k in range(min(chunk.shape[1], replan_every)):
+        played = min(chunk.shape[1], replan_every)
+        for k in range(played):
             for row, i in enumerate(active):
                 if results[i] is not None:
                     continue
-                step = envs[i].step(chunk[row, k])
-                observations[i] = step.observation
+                # only the frame the next chunk is planned from is rendered (and every frame of a recording)
+                observe = k == played - 1 or i < record
+                step = envs[i].step(chunk[row, k], observe=observe)
+                if observe:
+                    observations[i] = step.observation
                 if i < record:
                     frames[i].append(_frame(step.observation, envs[i].cameras))
                 if step.done:
