@@ -22,7 +22,11 @@ with a 95% bootstrap interval over seeds and episodes (vla.eval.stats); per task
 evaluation layouts to the nearest demonstration (vla.sim.layouts).
 
 Runs go --parallel at a time (one intra-op thread each). Resumable: a finished run (summary.json with
-every step) is reused, an interrupted one resumes from its last checkpoint. Writes to --out:
+every step) is reused, an interrupted one resumes from its last checkpoint. With --archive DIR each
+finished run's records (config.yaml, metrics.jsonl, summary.json, closed_loop.json: no weights, ~1 MB)
+are copied to DIR/<run>/ and a run found there is reused on any machine, so a study longer than one
+machine's lifetime goes on where the last machine stopped (the documented study keeps its archive in
+docs/study/runs). Writes to --out:
     runs/<optimizer>_lr<lr>_seed<seed>/   each training run (its output_dir)
     study.json                            every number below
     val_loss.png                          validation loss against step and seconds, mean and seed band
@@ -81,6 +85,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resamples", type=int, default=20000, help="bootstrap resamples")
     parser.add_argument("--report", action="store_true", help="only collect finished runs and report")
     parser.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help="copy each finished run's records here, and reuse the runs found here (see above)",
+    )
+    parser.add_argument(
         "--train-arg", action="append", default=[], help="extra train.py override (repeatable)"
     )
     args = parser.parse_args(argv)
@@ -100,6 +110,10 @@ def run_name(optimizer: str, lr: float, seed: int, steps: int | None = None) -> 
     return f"{optimizer}_lr{lr:g}_seed{seed}" + (f"_{steps}steps" if steps is not None else "")
 
 
+# What a finished run leaves that the report reads: the archive keeps these, never checkpoints or weights.
+RECORDS = ("config.yaml", "metrics.jsonl", "summary.json", "closed_loop.json")
+
+
 def _summary(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / "summary.json"
     return json.loads(path.read_text()) if path.is_file() else None
@@ -113,6 +127,31 @@ def finished(run_dir: Path, steps: int) -> bool:
         and not done.get("stopped_early")
         and done["steps"] >= steps
     )
+
+
+def archive_run(args: argparse.Namespace, run_dir: Path) -> None:
+    """Copy a finished run's RECORDS into the archive (atomically per file; a copy there is replaced)."""
+    if args.archive is None:
+        return
+    import shutil
+
+    from vla.atomic import write_file_atomically
+
+    target = args.archive / run_dir.name
+    target.mkdir(parents=True, exist_ok=True)
+    for name in RECORDS:
+        if (run_dir / name).is_file():
+            write_file_atomically(target / name, lambda tmp, src=run_dir / name: shutil.copyfile(src, tmp))
+
+
+def records_dir(args: argparse.Namespace, name: str, steps: int) -> Path:
+    """Where a run's records are read from: its run directory when it finished there, else its archived
+    copy when there is one, else the run directory (a run still under way)."""
+    run_dir = args.out / "runs" / name
+    if finished(run_dir, steps) or args.archive is None:
+        return run_dir
+    archived = args.archive / name
+    return archived if finished(archived, steps) else run_dir
 
 
 def preset_steps(args: argparse.Namespace) -> int:
@@ -161,6 +200,10 @@ def launch(args: argparse.Namespace, job: tuple[str, float, int, int | None]) ->
     run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
     if finished(run_dir, steps or args.budget):
         print(f"  {run_dir.name}: finished earlier, reused", flush=True)
+        archive_run(args, run_dir)
+        return None
+    if args.archive is not None and finished(args.archive / run_dir.name, steps or args.budget):
+        print(f"  {run_dir.name}: archived in {args.archive}, reused", flush=True)
         return None
     overrides = train_overrides(args, optimizer, lr, seed, run_dir, steps)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -180,13 +223,14 @@ def launch(args: argparse.Namespace, job: tuple[str, float, int, int | None]) ->
     return process
 
 
-def wait(process: subprocess.Popen) -> None:
+def wait(args: argparse.Namespace, process: subprocess.Popen) -> None:
     returncode = process.wait()
     process.log.close()  # type: ignore[attr-defined]
     run_dir = process.run_dir  # type: ignore[attr-defined]
     if returncode != 0:
         raise SystemExit(f"{run_dir.name} failed (exit {returncode}); see {run_dir / 'train.log'}")
     print(f"  {run_dir.name}: done in {time.perf_counter() - process.started:.0f} s", flush=True)  # type: ignore[attr-defined]
+    archive_run(args, run_dir)
 
 
 def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int, int | None]]) -> None:
@@ -195,7 +239,7 @@ def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int, int | 
         started = [launch(args, job) for job in jobs[first : first + args.parallel]]
         for process in started:
             if process is not None:
-                wait(process)
+                wait(args, process)
 
 
 def _interleave(a: list, b: list) -> list:
@@ -432,9 +476,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, dict[str, Any]] = {}
 
     def gather(optimizer: str, lr: float, seed: int, steps: int | None = None) -> None:
-        run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
-        if (run_dir / "metrics.jsonl").is_file():
-            runs[run_dir.name] = {"optimizer": optimizer, "lr": lr, "seed": seed} | collect_run(run_dir)
+        name = run_name(optimizer, lr, seed, steps)
+        source = records_dir(args, name, steps or args.budget)
+        if (source / "metrics.jsonl").is_file():
+            runs[name] = {"optimizer": optimizer, "lr": lr, "seed": seed} | collect_run(source)
 
     for optimizer, lr, seed, _ in sweep:
         gather(optimizer, lr, seed)

@@ -57,7 +57,7 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     ]
     command = [sys.executable, str(ROOT / "scripts/study_optimizers.py"), f"--out={out}", "--steps=4",
                "--seeds=0,1", "--adamw-lrs=1e-3", "--dmuon-lrs=0.01,0.02", "--muon-steps=2", "--eval-every=2",
-               "--curve-episodes=1", "--episodes=2", "--resamples=500"]  # fmt: skip
+               "--curve-episodes=1", "--episodes=2", "--resamples=500", f"--archive={tmp_path / 'archive'}"]  # fmt: skip
     command += [f"--train-arg={a}" for a in train_args]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -98,6 +98,21 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 7
     assert "training ..." not in second.stdout
+    # On a new machine (no run directories, no checkpoints) the archive's records are the study.
+    archived = sorted(p.name for p in (tmp_path / "archive").iterdir())
+    assert archived == sorted(runs) and not list((tmp_path / "archive").rglob("*.distcp"))
+    runs_dir = out / "runs"
+    runs_dir.rename(tmp_path / "old_runs")
+    third = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert third.stdout.count("reused") == 7 and "training ..." not in third.stdout
+    again = json.loads((out / "study.json").read_text())
+    assert again["best_lr"] == study["best_lr"] and again["muon_vs_dmuon"] == study["muon_vs_dmuon"]
+    for key in ("final_success", "tasks", "steps_to_adamw_best", "runs"):
+        assert again["optimizers"]["dmuon"][key] == study["optimizers"]["dmuon"][key]
+    assert again["optimizers"]["difference"]["difference"] == difference["difference"]
+    assert again["layouts"] == study["layouts"]
+    (tmp_path / "old_runs").rename(runs_dir)
 
     # scripts/diagnose_policy.py on one of these runs: both measurements come out, well-formed.
     report = tmp_path / "diagnosis.json"
