@@ -26,9 +26,10 @@ so that its members can gather their column chunks from their own shard group.
             time (1/k of the FLOPs + the m x m all-reduces and all-gathers, alpha-beta) fits in that
             load, or the k that minimises it. Everything else keeps one owner. With no such matrix
             (the common case at small W) the plan is the owner-only plan; and a plan with splits is
-            kept only if its predicted step (the buckets' slowest ranks summed, plus each bucket's
-            all-to-all latency) beats the owner-only plan's, so "auto" never predicts a slower step
-            than "off".
+            kept only if its predicted step (dmuon.step_model: the messages dmuon.comm sends, priced
+            on the cost model's network, so a matrix whose owner's links set the step is split even
+            where the compute alone would not gain) beats the owner-only plan's, so "auto" never
+            predicts a slower step than "off".
 - "always": every non-empty matrix is split over a whole replica (tests and benchmarks).
 Jobs (owner: 1 rank, split: k ranks) are placed longest first on the least loaded rank or aligned
 group (LPT generalised to gangs); MILP plans refine buckets that hold no split job.
@@ -43,7 +44,7 @@ import hashlib
 import json
 import os
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -787,17 +788,6 @@ def build_plan(
         raise ValueError(f"ranks_per_replica ({ranks_per_replica}) must divide the world size ({world})")
     cost = cost or CostModel()
     specs = tuple(specs)
-    options = {
-        "strategy": strategy,
-        "cost": cost,
-        "milp_time_limit": milp_time_limit,
-        "split": split,
-        "per_replica": per_replica,
-    }
-    plan = _plan(specs, world, bucket_bytes=bucket_bytes, local=frozenset(), **options)
-    replicas = world // per_replica
-    if not tune_buckets and (sharing == "all" or replicas == 1):
-        return plan
     from dmuon.step_model import step_seconds
 
     network = cost.network()
@@ -805,6 +795,18 @@ def build_plan(
     def predicted(candidate: Plan) -> float:
         return step_seconds(candidate, network, exchange=exchange, result_bytes=result_bytes)["dmuon_s"]
 
+    options = {
+        "strategy": strategy,
+        "cost": cost,
+        "milp_time_limit": milp_time_limit,
+        "split": split,
+        "per_replica": per_replica,
+        "judge": predicted,
+    }
+    plan = _plan(specs, world, bucket_bytes=bucket_bytes, local=frozenset(), **options)
+    replicas = world // per_replica
+    if not tune_buckets and (sharing == "all" or replicas == 1):
+        return plan
     best, best_s, best_bytes = plan, predicted(plan), bucket_bytes
     if tune_buckets:
         total = sum(spec.numel for spec in specs) * 4
@@ -881,10 +883,12 @@ def _plan(
     local: frozenset[int],
     min_slots: int | None = None,
     shared_bytes: int | None = None,
+    judge: Callable[[Plan], float] | None = None,
 ) -> Plan:
     """One plan: the matrices in `local` in buckets every replica computes on its own shard group
     (planned on replica 0's ranks), run after the buckets of the others, shared by all ranks
-    (in buckets of `shared_bytes`, unbalanced, when given)."""
+    (in buckets of `shared_bytes`, unbalanced, when given). `judge`: predicted step seconds of a
+    plan, which decides whether split="auto" keeps its splits."""
     sizes = split_sizes(specs, world, per_replica, cost, split)
     shared = [i for i in range(len(specs)) if i not in local]
     groups: list[tuple[list[int], int, int, int | None]] = [
@@ -939,10 +943,27 @@ def _plan(
     rank_totals = [sum(stage[r] for stage in per_bucket) for r in range(world)]
     replicas = world // per_replica
     bucket_replicas = tuple(1 if ranks < world else replicas for ranks in spans) if local else ()
+    used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
+    plan = Plan(
+        world=world,
+        specs=specs,
+        owners=tuple(group[0] for group in members),
+        buckets=tuple(buckets),
+        rank_seconds=tuple(rank_totals),
+        strategy=used,
+        bucket_seconds=per_bucket,
+        members=tuple(members),
+        ranks_per_replica=per_replica,
+        work_seconds=work,
+        split=split,
+        bucket_replicas=bucket_replicas,
+    )
     if split == "auto" and max(sizes, default=1) > 1:
-        # Never worse than owners only: keep the split plan only if its step is predicted faster
+        # Never worse than owners only: keep the split plan only if its step is predicted faster, by
+        # `judge` (dmuon.step_model: the messages priced on the network) or else by the stages alone
         # (stages add up; every bucket also pays the latency of its two all-to-alls).
-        def step_seconds(stages: Sequence[Sequence[float]]) -> float:
+        def stage_step(candidate: Plan) -> float:
+            stages = candidate.bucket_seconds
             return sum(max(loads) for loads in stages) + len(stages) * 2 * cost.latency_s * (per_replica - 1)
 
         owners_only = _plan(
@@ -958,20 +979,7 @@ def _plan(
             min_slots=min_slots,
             shared_bytes=shared_bytes,
         )
-        if step_seconds(owners_only.bucket_seconds) <= step_seconds(per_bucket):
+        predict = judge or stage_step
+        if predict(owners_only) <= predict(plan):
             return replace(owners_only, split="auto (owners only: splitting was not faster)")
-    used = strategy + (f" ({'; '.join(sorted(notes))})" if notes else "")
-    return Plan(
-        world=world,
-        specs=specs,
-        owners=tuple(group[0] for group in members),
-        buckets=tuple(buckets),
-        rank_seconds=tuple(rank_totals),
-        strategy=used,
-        bucket_seconds=per_bucket,
-        members=tuple(members),
-        ranks_per_replica=per_replica,
-        work_seconds=work,
-        split=split,
-        bucket_replicas=bucket_replicas,
-    )
+    return plan

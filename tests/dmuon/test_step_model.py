@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 import dmuon
 from dmuon.exchange import node_layout, send_matrix
@@ -204,3 +205,40 @@ def test_two_level_is_priced_where_the_shard_group_spans_nodes() -> None:
     assert one_node["two_level"] == 0.0
     # Fewer messages: 1 + 3 per rank instead of 7; the same bytes cross the nodes.
     assert two["exchange_s"] < flat["exchange_s"]
+
+
+def test_auto_split_is_judged_by_the_messages_it_sends() -> None:
+    """Three wide matrices whose owners' links set the step: the stage sums (compute only) call
+    splitting no faster, the step model (messages priced on the network) calls it 20% faster, and
+    split="auto" keeps the split plan it predicts faster."""
+    world = 8
+    cost = CostModel(flops_per_second=1e12, ranks_per_node=4, inter_node_bandwidth=1e9, bandwidth=1e10)
+    shapes = [(256, 4096)] * 3 + [(256, 256)] * 8
+    specs = tuple(MatrixSpec(f"m{i:02d}", m, n, NS, chunk_rows(m, world)) for i, (m, n) in enumerate(shapes))
+    options = dict(strategy="lpt", cost=cost, bucket_bytes=64 << 20, milp_time_limit=1.0, per_replica=world)
+    by_stages = _plan(specs, world, split="auto", local=frozenset(), **options)
+    owners = _plan(specs, world, split="off", local=frozenset(), **options)
+    auto = build_plan(specs, world, split="auto", cost=cost)
+    assert by_stages.split_indices == () and "not faster" in by_stages.split
+    assert auto.split_indices == (0, 1, 2) and auto.split == "auto"
+    net = cost.network()
+    assert step_seconds(auto, net)["dmuon_s"] < 0.8 * step_seconds(owners, net)["dmuon_s"]
+
+
+@pytest.mark.parametrize("world", [4, 8, 16])
+def test_auto_split_is_never_predicted_slower_than_owners_only(world: int) -> None:
+    gen = torch.Generator().manual_seed(world)
+    shape_sets = [[(256, 4096)] * 3 + [(256, 256)] * 8, [(4096, 1024)] + [(256, 1024)] * 12]
+    shape_sets.append(
+        [tuple(int(x) for x in torch.randint(16, 2048, (2,), generator=gen)) for _ in range(30)]
+    )
+    for shapes in shape_sets:
+        specs = [MatrixSpec(f"m{i:02d}", m, n, NS, chunk_rows(m, world)) for i, (m, n) in enumerate(shapes)]
+        for cost in (
+            CostModel(),
+            CostModel(flops_per_second=1e12, ranks_per_node=4, inter_node_bandwidth=1e9, bandwidth=1e10),
+        ):
+            net = cost.network()
+            off = step_seconds(build_plan(specs, world, split="off", cost=cost), net)["dmuon_s"]
+            auto = step_seconds(build_plan(specs, world, split="auto", cost=cost), net)["dmuon_s"]
+            assert auto <= off * (1 + 1e-12), (world, shapes[:3])
