@@ -209,7 +209,7 @@ def test_two_level_is_priced_where_the_shard_group_spans_nodes() -> None:
 
 def test_auto_split_is_judged_by_the_messages_it_sends() -> None:
     """Three wide matrices whose owners' links set the step: the stage sums (compute only) call
-    splitting no faster, the step model (messages priced on the network) calls it 20% faster, and
+    splitting no faster, the step model (messages priced on the network) calls it 7% faster, and
     split="auto" keeps the split plan it predicts faster."""
     world = 8
     cost = CostModel(flops_per_second=1e12, ranks_per_node=4, inter_node_bandwidth=1e9, bandwidth=1e10)
@@ -222,7 +222,7 @@ def test_auto_split_is_judged_by_the_messages_it_sends() -> None:
     assert by_stages.split_indices == () and "not faster" in by_stages.split
     assert auto.split_indices == (0, 1, 2) and auto.split == "auto"
     net = cost.network()
-    assert step_seconds(auto, net)["dmuon_s"] < 0.8 * step_seconds(owners, net)["dmuon_s"]
+    assert step_seconds(auto, net)["dmuon_s"] < 0.95 * step_seconds(owners, net)["dmuon_s"]
 
 
 @pytest.mark.parametrize("world", [4, 8, 16])
@@ -242,3 +242,34 @@ def test_auto_split_is_never_predicted_slower_than_owners_only(world: int) -> No
             off = step_seconds(build_plan(specs, world, split="off", cost=cost), net)["dmuon_s"]
             auto = step_seconds(build_plan(specs, world, split="auto", cost=cost), net)["dmuon_s"]
             assert auto <= off * (1 + 1e-12), (world, shapes[:3])
+
+
+def test_owners_balance_their_nodes_bytes_as_well_as_their_seconds() -> None:
+    """Square matrices (much NS per byte) and wide ones (little): balancing NS seconds alone piles
+    bytes on some nodes, whose rails then set the step; counting each node's rail seconds spreads
+    the bytes over the nodes and is predicted 1.4x faster (8 ranks as 4 nodes x 2)."""
+    world = 8
+    cost = CostModel(flops_per_second=1e12, ranks_per_node=2, inter_node_bandwidth=1e8, bandwidth=1e9)
+    shapes = [(512, 512)] * 4 + [(128, 4096)] * 8
+    specs = tuple(MatrixSpec(f"m{i:02d}", m, n, NS, chunk_rows(m, world)) for i, (m, n) in enumerate(shapes))
+    aware = build_plan(specs, world, cost=cost)
+    blind = build_plan(specs, world, cost=dataclasses.replace(cost, ranks_per_node=0))
+    net = cost.network()
+    assert step_seconds(aware, net)["dmuon_s"] < step_seconds(blind, net)["dmuon_s"] / 1.4
+
+    def node_bytes(plan: Plan) -> list[int]:
+        owned = [0] * (world // 2)
+        for spec, owner in zip(plan.specs, plan.owners):
+            owned[owner // 2] += spec.numel
+        return owned
+
+    assert max(node_bytes(aware)) < max(node_bytes(blind))
+    assert max(node_bytes(aware)) <= 1.25 * sum(node_bytes(aware)) / len(node_bytes(aware))
+    # One node, or a shard group inside one (HSDP's), has no rails to balance: the plan is unchanged.
+    for per_replica in (world, 2):
+        one = CostModel(flops_per_second=1e12, ranks_per_node=world if per_replica == world else 2)
+        same = build_plan(specs, world, cost=one, ranks_per_replica=per_replica)
+        base = build_plan(
+            specs, world, cost=dataclasses.replace(one, ranks_per_node=0), ranks_per_replica=per_replica
+        )
+        assert same.members == base.members
