@@ -26,7 +26,7 @@ every step) is reused, an interrupted one resumes from its last checkpoint. With
 finished run's records (config.yaml, metrics.jsonl, summary.json, closed_loop.json: no weights, ~1 MB)
 are copied to DIR/<run>/ and a run found there is reused on any machine, so a study longer than one
 machine's lifetime goes on where the last machine stopped (the documented study keeps its archive in
-docs/study/runs). Writes to --out:
+docs/study/archive). Writes to --out:
     runs/<optimizer>_lr<lr>_seed<seed>/   each training run (its output_dir)
     study.json                            every number below
     val_loss.png                          validation loss against step and seconds, mean and seed band
