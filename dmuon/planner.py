@@ -54,13 +54,13 @@ import torch
 from dmuon.functional import NSConfig
 from dmuon.newton_schulz import ns_flops
 from dmuon.split_ns import chunk_sizes, split_collectives, split_message_elements
+from dmuon.step_model import ELEMENT_BYTES, Network, step_seconds
 
 STRATEGIES = ("lpt", "milp")
 SPLIT_MODES = ("off", "auto", "always")
 DEFAULT_FLOPS_PER_SECOND = 1e11  # nominal: only ratios matter for balance; calibration replaces it
 DEFAULT_LATENCY_S = 20e-6  # per message of a collective (alpha)
 DEFAULT_BANDWIDTH = 25e9  # bytes per second per rank (1 / beta)
-ELEMENT_SIZE = 4  # bytes of one momentum element on the exchange (fp32)
 
 
 @dataclass(frozen=True)
@@ -141,10 +141,8 @@ class CostModel:
     ranks_per_node: int = 0  # > 0: groups wider than a node run at inter_node_bandwidth
     inter_node_bandwidth: float = 0.0
 
-    def network(self):  # -> dmuon.step_model.Network
+    def network(self) -> Network:
         """The network these numbers describe, for dmuon.step_model."""
-        from dmuon.step_model import Network
-
         return Network(
             alpha=self.latency_s,
             intra=self.bandwidth,
@@ -570,7 +568,7 @@ def assign_jobs(
     for i in _cost_order(specs, cost):
         k = sizes[i]
         seconds = cost.split_seconds(specs[i].shape_class, 1, k)
-        link = specs[i].numel * ELEMENT_SIZE * rate
+        link = specs[i].numel * ELEMENT_BYTES * rate
         score = loads + (node_seconds + link).repeat_interleave(per_node) if rate else loads
         if k == 1:
             r = int(torch.argmin(score))  # the first minimum: lowest rank on ties
@@ -816,8 +814,6 @@ def build_plan(
         raise ValueError(f"ranks_per_replica ({ranks_per_replica}) must divide the world size ({world})")
     cost = cost or CostModel()
     specs = tuple(specs)
-    from dmuon.step_model import step_seconds
-
     network = cost.network()
 
     def predicted(candidate: Plan) -> float:
