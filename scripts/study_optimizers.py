@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -133,8 +134,6 @@ def archive_run(args: argparse.Namespace, run_dir: Path) -> None:
     """Copy a finished run's RECORDS into the archive (atomically per file; a copy there is replaced)."""
     if args.archive is None:
         return
-    import shutil
-
     from vla.atomic import write_file_atomically
 
     target = args.archive / run_dir.name
