@@ -51,3 +51,8 @@ def test_the_compile_benchmark_reports_both_sides(tmp_path) -> None:
     assert run["units_compiled"] == 4 and len(run["times"]["eager"]) == len(run["times"]["compiled"]) == 3
     assert run["speedup"] == pytest.approx(run["eager_s"] / run["compiled_s"])
     assert run["max_rel_loss_diff"] < 1e-4 and "pi0_tiny" in result.stdout
+    # The profile splits each step into matrix products and the rest; the bound is the eager step over
+    # its GEMM seconds, so it is above 1 exactly when something besides GEMMs takes time.
+    for side in ("profile_eager", "profile_compiled"):
+        assert 0 < run[side]["gemm_s"] < run[side]["step_s"]
+    assert run["speedup_bound"] == pytest.approx(1 / run["gemm_share"]) and run["speedup_bound"] > 1
