@@ -353,6 +353,36 @@ def summarise(
     return per
 
 
+def lr_sensitivity(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], best: dict[str, float]
+) -> dict[str, Any]:
+    """At the first seed, DMuon at its chosen lr minus AdamW at every lr of the sweep (episodes only).
+
+    Not a selection (the lrs were chosen on validation loss): it says how much the difference rests
+    on AdamW's lr, e.g. where the lr with the lower validation loss is not the one that succeeds more.
+    """
+    if "dmuon" not in best:
+        return {}
+    first = args.seeds[0]
+    twin = runs.get(run_name("dmuon", best["dmuon"], first))
+    if twin is None or twin["final"] is None:
+        return {}
+    rows: dict[str, Any] = {}
+    for lr in args.lrs["adamw"]:
+        run = runs.get(run_name("adamw", lr, first))
+        if run is None or run["final"] is None:
+            continue
+        difference = success_difference([_outcomes(run)], [_outcomes(twin)], resamples=args.resamples)
+        rows[f"{lr:g}"] = {
+            "adamw_lr": lr,
+            "chosen": lr == best.get("adamw"),
+            "best_val_loss": min(run["val_loss"]) if run["val_loss"] else None,
+            "adamw_success": run["final"]["mean_success"],
+            "difference": asdict(difference),
+        }
+    return {"dmuon_lr": best["dmuon"], "seed": first, "against_adamw_lr": rows}
+
+
 def layout_distances(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """Per task: how far the evaluation layouts are from the demonstrations of the runs' dataset."""
     from vla.eval.policy_runner import run_dataset_root
@@ -519,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "best_lr": best,
         "optimizers": summarise(args, runs, best),
+        "lr_sensitivity": lr_sensitivity(args, runs, best),
     }
     if len(checks) == 2:
         muon, twin = runs[checks["muon"]], runs[checks["dmuon"]]
@@ -577,6 +608,19 @@ def print_tables(study: dict[str, Any]) -> None:
             f"DMuon - AdamW mean success: {d['difference']:+.1%}, 95% interval [{d['ci'][0]:+.1%}, "
             f"{d['ci'][1]:+.1%}] ({'excludes' if d['excludes_zero'] else 'includes'} zero)"
         )
+    sensitivity = study.get("lr_sensitivity") or {}
+    if sensitivity.get("against_adamw_lr"):
+        print(
+            f"\nseed {sensitivity['seed']}: DMuon (lr {sensitivity['dmuon_lr']:g}) - AdamW at each lr of the sweep "
+            "(the lrs were chosen on validation loss; this shows what the difference rests on)"
+        )
+        for lr, row in sensitivity["against_adamw_lr"].items():
+            d = row["difference"]
+            print(
+                f"  AdamW lr {lr:<8} best val {row['best_val_loss']:.4f}  success {row['adamw_success']:.1%}  "
+                f"difference {d['difference']:+.1%} [{d['ci'][0]:+.1%}, {d['ci'][1]:+.1%}]"
+                f"{'  (chosen)' if row['chosen'] else ''}"
+            )
     if "muon_vs_dmuon" in study:
         m = study["muon_vs_dmuon"]
         print(

@@ -37,6 +37,29 @@ def test_collect_run_reads_curves_and_the_final_evaluation(tmp_path) -> None:
     assert run["final"]["tasks"] == {"a": {"successes": 1, "episodes": 2, "ci95": [0.1, 0.9]}}
 
 
+def test_lr_sensitivity_sets_dmuon_against_every_adamw_lr_of_the_first_seed() -> None:
+    from argparse import Namespace
+
+    def run(optimizer: str, lr: float, seed: int, successes: int, val: float) -> tuple[str, dict]:
+        final = {"mean_success": successes / 10, "tasks": {"a": {"successes": successes, "episodes": 10}}}
+        name = study_optimizers.run_name(optimizer, lr, seed)
+        return name, {"optimizer": optimizer, "lr": lr, "seed": seed, "final": final, "val_loss": [val]}
+
+    runs = dict(
+        [run("adamw", 1e-3, 0, 3, 0.09), run("adamw", 5e-4, 0, 6, 0.10), run("dmuon", 0.01, 0, 6, 0.08),
+         run("adamw", 1e-3, 1, 9, 0.05)]  # another seed: not part of the seed-0 comparison
+    )  # fmt: skip
+    args = Namespace(seeds=[0, 1], lrs={"adamw": [5e-4, 1e-3, 2e-3]}, resamples=500)
+    sensitivity = study_optimizers.lr_sensitivity(args, runs, {"adamw": 1e-3, "dmuon": 0.01})
+    rows = sensitivity["against_adamw_lr"]
+    assert sensitivity["dmuon_lr"] == 0.01 and list(rows) == ["0.0005", "0.001"]  # 2e-3 never ran
+    assert rows["0.001"]["chosen"] and not rows["0.0005"]["chosen"]
+    assert rows["0.001"]["difference"]["difference"] == pytest.approx(0.3)
+    assert rows["0.0005"]["difference"]["difference"] == pytest.approx(0.0)
+    assert rows["0.0005"]["best_val_loss"] == 0.10 and rows["0.0005"]["adamw_success"] == 0.6
+    assert study_optimizers.lr_sensitivity(args, runs, {"adamw": 1e-3}) == {}
+
+
 @pytest.mark.slow
 def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     out = tmp_path / "study"
@@ -94,6 +117,8 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     for plot in ("val_loss.png", "success_curve.png", "success.png"):
         assert (out / plot).stat().st_size > 1000
     assert "DMuon - AdamW mean success" in first.stdout
+    (row,) = study["lr_sensitivity"]["against_adamw_lr"].values()  # the one AdamW lr of this sweep
+    assert row["chosen"] and row["adamw_lr"] == 1e-3 and "- AdamW at each lr of the sweep" in first.stdout
     # A second call reuses every finished run.
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 7
