@@ -14,6 +14,9 @@ budget in steps, and closed-loop success measured during training (every --eval-
 2. Seeds: the winning lr of each optimizer on the other --seeds (AdamW and DMuon of one seed side by side).
 3. Naive Muon (every rank does all the work) and a DMuon twin run --muon-steps steps of the same
    schedule: the exactness check (same update, so the same losses).
+4. Sensitivity arms (--also adamw=5e-4,...): other lrs run on every seed too and are set against the
+   other optimizer's chosen lr. They are not the protocol's choice and are reported apart, as what
+   the difference would be had that lr been chosen (e.g. an lr whose validation loss lost narrowly).
 
 Reported per optimizer: final success (mean, spread and per task over seeds), success against steps
 and against training seconds (step x the run's median step time) with seed bands, the steps each seed
@@ -77,6 +80,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dmuon-adamw-lr", type=float, default=None, help="DMuon's AdamW side (default: preset's)"
     )
+    parser.add_argument(
+        "--also",
+        default="",
+        help="sensitivity arms, optimizer=lr,... (e.g. adamw=5e-4): every seed, reported apart",
+    )
     parser.add_argument("--muon-steps", type=int, default=30, help="naive Muon check steps (0: skip)")
     parser.add_argument("--eval-every", type=int, default=500, help="closed-loop evaluation interval (steps)")
     parser.add_argument("--curve-episodes", type=int, default=20, help="episodes per task at each interval")
@@ -99,6 +107,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lrs = {"adamw": _floats(args.adamw_lrs), "dmuon": _floats(args.dmuon_lrs)}
     if not args.seeds or not all(args.lrs.values()):
         parser.error("--seeds, --adamw-lrs and --dmuon-lrs need at least one value each")
+    args.also_arms = []
+    for item in (x.strip() for x in args.also.split(",")):
+        if not item:
+            continue
+        optimizer, _, value = (part.strip() for part in item.partition("="))
+        try:
+            lr = float(value)
+        except ValueError:
+            lr = None
+        if optimizer not in OPTIMIZERS or lr is None:
+            parser.error(f"--also takes optimizer=lr items with optimizer in {OPTIMIZERS}, got {item!r}")
+        args.also_arms.append((optimizer, lr))
     return args
 
 
@@ -383,6 +403,33 @@ def lr_sensitivity(
     return {"dmuon_lr": best["dmuon"], "seed": first, "against_adamw_lr": rows}
 
 
+def sensitivity_arms(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], per: dict[str, Any]
+) -> dict[str, Any]:
+    """Each --also arm over its finished seeds, and DMuon - AdamW with it in place of its optimizer's
+    chosen lr (bootstrap over seeds and episodes, as the main difference)."""
+    arms: dict[str, Any] = {}
+    for optimizer, lr in args.also_arms:
+        names = [run_name(optimizer, lr, s) for s in args.seeds]
+        names = [n for n in names if n in runs and runs[n]["final"] is not None]
+        other = "dmuon" if optimizer == "adamw" else "adamw"
+        if not names or other not in per:
+            continue
+        mine = [_outcomes(runs[n]) for n in names]
+        theirs = [_outcomes(runs[n]) for n in per[other]["runs"]]
+        adamw, dmuon = (mine, theirs) if optimizer == "adamw" else (theirs, mine)
+        arms[run_name(optimizer, lr, 0).removesuffix("_seed0")] = {
+            "optimizer": optimizer,
+            "lr": lr,
+            "chosen": per.get(optimizer, {}).get("lr") == lr,
+            "runs": names,
+            "final_success": asdict(seed_spread([runs[n]["final"]["mean_success"] for n in names])),
+            "against": {"optimizer": other, "lr": per[other]["lr"], "runs": per[other]["runs"]},
+            "difference": asdict(success_difference(adamw, dmuon, resamples=args.resamples)),
+        }
+    return arms
+
+
 def layout_distances(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """Per task: how far the evaluation layouts are from the demonstrations of the runs' dataset."""
     from vla.eval.policy_runner import run_dataset_root
@@ -531,6 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     for optimizer, lr in best.items():
         for seed in args.seeds[1:]:
             gather(optimizer, lr, seed)
+    also = [  # what the sweep and the chosen lrs' seeds have not run already
+        (o, lr, s, None)
+        for o, lr in args.also_arms
+        for s in args.seeds
+        if lr != best.get(o) and not (s == first and lr in args.lrs[o])
+    ]
+    if also and not args.report:
+        train_all(args, also)
+    for optimizer, lr, seed, _ in also:
+        gather(optimizer, lr, seed)
     checks: dict[str, str] = {}
     if "dmuon" in best and args.muon_steps:
         jobs = [
@@ -551,6 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimizers": summarise(args, runs, best),
         "lr_sensitivity": lr_sensitivity(args, runs, best),
     }
+    study["sensitivity_arms"] = sensitivity_arms(args, runs, study["optimizers"])
     if len(checks) == 2:
         muon, twin = runs[checks["muon"]], runs[checks["dmuon"]]
         pairs = [
@@ -621,6 +679,13 @@ def print_tables(study: dict[str, Any]) -> None:
                 f"difference {d['difference']:+.1%} [{d['ci'][0]:+.1%}, {d['ci'][1]:+.1%}]"
                 f"{'  (chosen)' if row['chosen'] else ''}"
             )
+    for name, arm in (study.get("sensitivity_arms") or {}).items():
+        f, d, against = arm["final_success"], arm["difference"], arm["against"]
+        print(
+            f"sensitivity arm {name} ({f['seeds']} seeds, {'the chosen lr' if arm['chosen'] else 'not chosen'}): "
+            f"final success {f['mean']:.1%} +- {f['std']:.1%}; DMuon - AdamW with it against {against['optimizer']} "
+            f"lr {against['lr']:g}: {d['difference']:+.1%} [{d['ci'][0]:+.1%}, {d['ci'][1]:+.1%}]"
+        )
     if "muon_vs_dmuon" in study:
         m = study["muon_vs_dmuon"]
         print(

@@ -60,6 +60,35 @@ def test_lr_sensitivity_sets_dmuon_against_every_adamw_lr_of_the_first_seed() ->
     assert study_optimizers.lr_sensitivity(args, runs, {"adamw": 1e-3}) == {}
 
 
+def test_a_sensitivity_arm_replaces_its_optimizers_chosen_lr_in_the_difference() -> None:
+    def final(successes: int) -> dict:
+        return {"mean_success": successes / 10, "tasks": {"a": {"successes": successes, "episodes": 10}}}
+
+    runs = {
+        "adamw_lr0.0005_seed0": {"final": final(6)},
+        "adamw_lr0.0005_seed1": {"final": final(4)},
+        "adamw_lr0.001_seed0": {"final": final(2)},
+        "dmuon_lr0.01_seed0": {"final": final(7)},
+        "dmuon_lr0.01_seed1": {"final": final(7)},
+        "dmuon_lr0.02_seed0": {"final": final(1)},  # seed 1 never finished: one seed only
+    }
+    args = study_optimizers.parse_args(["--seeds=0,1", "--also=adamw=5e-4, dmuon=0.02", "--resamples=500"])
+    assert args.also_arms == [("adamw", 5e-4), ("dmuon", 0.02)]
+    per = {
+        "adamw": {"lr": 1e-3, "runs": ["adamw_lr0.001_seed0"]},
+        "dmuon": {"lr": 0.01, "runs": ["dmuon_lr0.01_seed0", "dmuon_lr0.01_seed1"]},
+    }
+    arms = study_optimizers.sensitivity_arms(args, runs, per)
+    adamw, dmuon = arms["adamw_lr0.0005"], arms["dmuon_lr0.02"]
+    assert adamw["runs"] == ["adamw_lr0.0005_seed0", "adamw_lr0.0005_seed1"] and not adamw["chosen"]
+    assert adamw["final_success"]["mean"] == pytest.approx(0.5)
+    assert adamw["difference"]["difference"] == pytest.approx(0.7 - 0.5)  # chosen DMuon - this AdamW
+    assert dmuon["runs"] == ["dmuon_lr0.02_seed0"] and dmuon["against"]["lr"] == 1e-3
+    assert dmuon["difference"]["difference"] == pytest.approx(0.1 - 0.2)  # this DMuon - chosen AdamW
+    with pytest.raises(SystemExit):
+        study_optimizers.parse_args(["--also=sgd=0.1"])
+
+
 @pytest.mark.slow
 def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     out = tmp_path / "study"
@@ -80,7 +109,8 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     ]
     command = [sys.executable, str(ROOT / "scripts/study_optimizers.py"), f"--out={out}", "--steps=4",
                "--seeds=0,1", "--adamw-lrs=1e-3", "--dmuon-lrs=0.01,0.02", "--muon-steps=2", "--eval-every=2",
-               "--curve-episodes=1", "--episodes=2", "--resamples=500", f"--archive={tmp_path / 'archive'}"]  # fmt: skip
+               "--curve-episodes=1", "--episodes=2", "--resamples=500", f"--archive={tmp_path / 'archive'}",
+               "--also=dmuon=0.01,dmuon=0.02"]  # fmt: skip
     command += [f"--train-arg={a}" for a in train_args]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -89,9 +119,11 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     sweep = {n: r for n, r in runs.items() if n.startswith("dmuon") and n.endswith("seed0")}
     best_dmuon = min(sweep.values(), key=lambda r: min(r["val_loss"]))["lr"]  # chosen on validation loss
     assert study["best_lr"] == {"adamw": 1e-3, "dmuon": best_dmuon}
+    (other_dmuon,) = {0.01, 0.02} - {best_dmuon}
     assert set(runs) == {
         "adamw_lr0.001_seed0", "dmuon_lr0.01_seed0", "dmuon_lr0.02_seed0", "adamw_lr0.001_seed1",
         f"dmuon_lr{best_dmuon:g}_seed1", f"muon_lr{best_dmuon:g}_seed0_2steps", f"dmuon_lr{best_dmuon:g}_seed0_2steps",
+        f"dmuon_lr{other_dmuon:g}_seed1",  # the --also arm that was not chosen: its other seed
     }  # fmt: skip
     for name, run in runs.items():
         if "steps" not in name.rsplit("_", 1)[-1]:
@@ -119,9 +151,15 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     assert "DMuon - AdamW mean success" in first.stdout
     (row,) = study["lr_sensitivity"]["against_adamw_lr"].values()  # the one AdamW lr of this sweep
     assert row["chosen"] and row["adamw_lr"] == 1e-3 and "- AdamW at each lr of the sweep" in first.stdout
+    arms = study["sensitivity_arms"]
+    chosen, other = arms[f"dmuon_lr{best_dmuon:g}"], arms[f"dmuon_lr{other_dmuon:g}"]
+    assert chosen["chosen"] and chosen["runs"] == per["dmuon"]["runs"]
+    assert chosen["difference"]["difference"] == pytest.approx(difference["difference"])
+    assert not other["chosen"] and other["runs"] == [f"dmuon_lr{other_dmuon:g}_seed{s}" for s in (0, 1)]
+    assert "sensitivity arm" in first.stdout
     # A second call reuses every finished run.
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 7
+    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 8
     assert "training ..." not in second.stdout
     # On a new machine (no run directories, no checkpoints) the archive's records are the study.
     archived = sorted(p.name for p in (tmp_path / "archive").iterdir())
@@ -130,7 +168,7 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     runs_dir.rename(tmp_path / "old_runs")
     third = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert third.stdout.count("reused") == 7 and "training ..." not in third.stdout
+    assert third.stdout.count("reused") == 8 and "training ..." not in third.stdout
     again = json.loads((out / "study.json").read_text())
     assert again["best_lr"] == study["best_lr"] and again["muon_vs_dmuon"] == study["muon_vs_dmuon"]
     for key in ("final_success", "tasks", "steps_to_adamw_best", "runs"):
