@@ -137,3 +137,22 @@ def test_frame_cache_serves_identical_frames(kind, image_dataset, video_dataset)
     assert stats["hits"] > stats["misses"] > 0
     if kind == "video":  # whole episodes decoded once (plus <= 1 frame of GOP lead-in), then from memory
         assert 2 * len(plain) <= stats["frames_decoded"] <= 2 * (len(plain) + plain.num_episodes)
+
+
+def test_whole_episodes_are_cached_only_where_the_decoded_frames_fit(video_dataset) -> None:
+    probe = LeRobotDataset(video_dataset.root, image_dtype="uint8")
+    shapes = [probe.features[k]["shape"] for k in probe.meta.video_keys]
+    assert probe.decoded_video_bytes == len(probe) * sum(int(np.prod(s)) for s in shapes) > 0
+    fits_mb = probe.decoded_video_bytes / 2**20
+    roomy = LeRobotDataset(video_dataset.root, frame_cache_mb=fits_mb * 1.01, image_dtype="uint8")
+    tight = LeRobotDataset(video_dataset.root, frame_cache_mb=fits_mb * 0.5, image_dtype="uint8")
+    assert roomy._video_reader.cache_whole_segments and not tight._video_reader.cache_whole_segments
+    # A budget short of the dataset decodes only what is asked for: one random pass decodes at most
+    # each requested frame plus a GOP lead-in per seek, never whole episodes on every miss.
+    order = np.random.default_rng(1).permutation(len(probe)).tolist()
+    for index in order:
+        for key in probe.camera_keys:
+            torch.testing.assert_close(tight[index][key], probe[index][key], rtol=0, atol=0)
+    cameras = len(probe.camera_keys)
+    assert tight.frame_cache_stats["frames_decoded"] <= cameras * len(probe) * 2
+

@@ -52,6 +52,37 @@ def test_random_access_matches_sequential_decode(tmp_path) -> None:
     assert reader.frames_decoded < 60 * 3 + 60
 
 
+def test_a_cached_segment_is_decoded_once_even_where_frames_fall_between_keys(tmp_path) -> None:
+    # MetaWorld records at 80 fps: frame times fall on half milliseconds, and LeRobot stores them as
+    # float32, so a requested time is the frame's plus float noise. Every frame must come from the
+    # cache after its segment was decoded once (a lookup that rounds the two to different keys
+    # decoded the whole segment again for each such frame, each time: 30x the decoding of an epoch).
+    frames = moving_square_frames(40)
+    path = tmp_path / "clip80.mp4"
+    encode_video(path, frames, fps=80, codec="h264")
+    reference, _ = decode_all_frames(path)
+    times = np.arange(40, dtype=np.float32) / np.float32(80)  # as a LeRobot parquet holds them
+    reader = VideoFrameReader(tolerance_s=1e-4, cache_mb=16)
+    for _ in range(2):
+        for i, t in enumerate(times):
+            out = reader.read(path, [float(t)], segment=(0.0, float(times[-1])))
+            np.testing.assert_array_equal(out[0], reference[i])
+    assert reader.frames_decoded == 40  # the segment, once
+    assert (reader.cache.misses, reader.cache.hits) == (1, 79)
+
+
+def test_the_frame_cache_finds_a_frame_a_microsecond_off() -> None:
+    from vla.data.video import FrameCache
+
+    cache = FrameCache(1 << 20)
+    frame = np.zeros((2, 2, 3), np.uint8)
+    cache.put(FrameCache.key("v.mp4", 1 / 128), frame)  # 7812.5 us: on half a key
+    assert cache.get_near("v.mp4", 1 / 128 + 4e-7) is frame  # rounds to the next microsecond
+    assert cache.get_near("v.mp4", 1 / 128 - 4e-7) is frame
+    assert cache.get_near("v.mp4", 1 / 128 + 3e-6) is None and cache.get_near("w.mp4", 1 / 128) is None
+    assert (cache.hits, cache.misses) == (2, 2)
+
+
 def test_timestamp_outside_tolerance_names_the_file(tmp_path) -> None:
     path = tmp_path / "short.mp4"
     encode_video(path, moving_square_frames(10), fps=10, codec="h264")

@@ -84,6 +84,7 @@ def test_command_line_overrides_reach_the_schema() -> None:
         ),
         (["trainer.ema_decay=1.5"], "ema_decay"),
         (["parallel.mode=zero3"], "parallel.mode"),
+        (["data.frame_cache_mb=-1"], r"data.frame_cache_mb must be >= 0, got -1"),
     ],
 )
 def test_bad_values_fail_while_composing(overrides: list[str], match: str) -> None:

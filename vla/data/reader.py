@@ -17,6 +17,8 @@ videos are decoded on demand by a per-process `VideoFrameReader`.
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -45,8 +47,10 @@ class LeRobotDataset(torch.utils.data.Dataset):
         the processor converts).
     frame_cache_mb: budget of each per-process LRU of decoded frames (one for video frames, one
         for embedded PNGs; every DataLoader worker has its own). With cache_whole_episodes, a
-        video miss decodes its whole episode into the cache: best when the budget holds the
-        decoded dataset (H * W * 3 bytes per frame and camera).
+        video miss decodes its whole episode into the cache, which pays off once the budget holds
+        the decoded video frames of the selected episodes (`decoded_video_bytes`: H * W * 3 bytes
+        per frame and camera) and only then: where they do not fit, misses decode just the frames
+        asked for (whole episodes would be decoded again and again as the LRU evicts them).
     """
 
     def __init__(
@@ -80,12 +84,13 @@ class LeRobotDataset(torch.utils.data.Dataset):
             else {}
         )
         self.delta_timestamps = dict(delta_timestamps) if delta_timestamps else None
-        self._video_reader = VideoFrameReader(
-            tolerance_s=tolerance_s, cache_mb=frame_cache_mb, cache_whole_segments=cache_whole_episodes
-        )
         self._image_cache = FrameCache(int(frame_cache_mb * 2**20))
         self._check_video_files()
         self._load_rows()
+        fits = self._image_cache.max_bytes >= self.decoded_video_bytes
+        self._video_reader = VideoFrameReader(
+            tolerance_s=tolerance_s, cache_mb=frame_cache_mb, cache_whole_segments=cache_whole_episodes and fits
+        )
 
     # -- properties mirroring LeRobotDataset ---------------------------------------------------
     @property
@@ -99,6 +104,12 @@ class LeRobotDataset(torch.utils.data.Dataset):
     @property
     def camera_keys(self) -> list[str]:
         return self.meta.camera_keys
+
+    @property
+    def decoded_video_bytes(self) -> int:
+        """Bytes of every video frame of the selected episodes, decoded (uint8, all video cameras)."""
+        per_frame = sum(math.prod(self.features[key]["shape"]) for key in self.meta.video_keys)
+        return per_frame * self.num_frames
 
     @property
     def num_frames(self) -> int:

@@ -204,8 +204,8 @@ class FrameCache:
 
     @staticmethod
     def key(path: str, time_s: float) -> tuple[str, int]:
-        # Millisecond keys: frame times at fps <= 1000 are distinct after rounding.
-        return path, round(time_s * 1000)
+        # Microsecond keys: frames at fps <= 1000 lie >= 1000 keys apart.
+        return path, round(time_s * 1_000_000)
 
     def get(self, key: tuple[str, int]) -> np.ndarray | None:
         frame = self._frames.get(key)
@@ -215,6 +215,24 @@ class FrameCache:
         self.hits += 1
         self._frames.move_to_end(key)
         return frame
+
+    def get_near(self, path: str, time_s: float) -> np.ndarray | None:
+        """The frame stored within a microsecond of `time_s` (one hit or miss counted).
+
+        A requested time (index / fps) and the decoded frame's (pts x time base) can differ by float
+        noise, and where a frame falls on half a key (fps 80 at milliseconds, 128 at microseconds)
+        they round to neighbouring keys; an exact lookup would then miss every time and decode the
+        frame's whole segment again. Neighbouring keys cannot hold another frame at fps <= 1000.
+        """
+        _, center = self.key(path, time_s)
+        for offset in (0, -1, 1):
+            frame = self._frames.get((path, center + offset))
+            if frame is not None:
+                self.hits += 1
+                self._frames.move_to_end((path, center + offset))
+                return frame
+        self.misses += 1
+        return None
 
     def put(self, key: tuple[str, int], frame: np.ndarray) -> None:
         if self.max_bytes <= 0 or key in self._frames or frame.nbytes > self.max_bytes:
@@ -380,7 +398,7 @@ class VideoFrameReader:
         result: list[np.ndarray | None] = [None] * len(timestamps)
         missing: list[int] = []
         for i, ts in enumerate(timestamps):
-            frame = self.cache.get(FrameCache.key(path, ts)) if self.cache.max_bytes > 0 else None
+            frame = self.cache.get_near(path, ts) if self.cache.max_bytes > 0 else None
             if frame is None:
                 missing.append(i)
             else:

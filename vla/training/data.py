@@ -201,7 +201,7 @@ def build_data(
         split_seed=seed,
         seed=seed,
         num_workers=cfg.num_workers,
-        frame_cache_mb=256,
+        frame_cache_mb=cfg.frame_cache_mb,
         rank=rank,
         world_size=world,
         device=device,
