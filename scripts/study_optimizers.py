@@ -1,7 +1,8 @@
 """AdamW vs DMuon on MetaWorld over several training seeds: learning rates, curves, success with intervals.
 
-    python scripts/study_optimizers.py --out outputs/study            # the documented study
-    python scripts/study_optimizers.py --out outputs/study --report   # tables and plots from finished runs
+    # the documented study (its finished runs are in docs/study/archive, so this reuses them)
+    python scripts/study_optimizers.py --out outputs/study --archive docs/study/archive --also adamw=5e-4
+    python scripts/study_optimizers.py --out outputs/study --archive docs/study/archive --report  # tables, plots
 
 Every run is `train.py experiment=metaworld` (the MetaWorld recipe: model, data, augmentation,
 schedule) with the optimizer, learning rate and training seed set here, the same data and the same
