@@ -57,13 +57,14 @@ def fwd_bwd(policy: torch.nn.Module, batch, seed: int) -> tuple[float, float]:
 
 
 # Matrix products: what inductor hands to ATen's kernels instead of generating code (extern kernels).
-GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
-            "aten::convolution_backward", "aten::_scaled_dot_product")  # fmt: skip
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::mkldnn_convolution",
+            "aten::convolution_backward"}  # fmt: skip
+GEMM_PREFIXES = ("aten::_scaled_dot_product",)  # attention: several kernels, forward and backward
 
 
 def is_gemm(op: str) -> bool:
-    """Whether a profiler op name is a matrix product (prefix match: attention has several kernels)."""
-    return any(op == name or (name.endswith("_product") and op.startswith(name)) for name in GEMM_OPS)
+    """Whether a profiler op name is a matrix product."""
+    return op in GEMM_OPS or op.startswith(GEMM_PREFIXES)
 
 
 def profile_steps(policies: dict[str, torch.nn.Module], batch, steps: int) -> dict[str, dict[str, float]]:

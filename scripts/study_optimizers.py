@@ -419,7 +419,7 @@ def sensitivity_arms(
         mine = [_outcomes(runs[n]) for n in names]
         theirs = [_outcomes(runs[n]) for n in per[other]["runs"]]
         adamw, dmuon = (mine, theirs) if optimizer == "adamw" else (theirs, mine)
-        arms[run_name(optimizer, lr, 0).removesuffix("_seed0")] = {
+        arms[f"{optimizer}_lr{lr:g}"] = {
             "optimizer": optimizer,
             "lr": lr,
             "chosen": per.get(optimizer, {}).get("lr") == lr,

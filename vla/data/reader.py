@@ -18,7 +18,6 @@ videos are decoded on demand by a per-process `VideoFrameReader`.
 from __future__ import annotations
 
 import math
-
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -84,10 +83,11 @@ class LeRobotDataset(torch.utils.data.Dataset):
             else {}
         )
         self.delta_timestamps = dict(delta_timestamps) if delta_timestamps else None
-        self._image_cache = FrameCache(int(frame_cache_mb * 2**20))
+        budget = int(frame_cache_mb * 2**20)
+        self._image_cache = FrameCache(budget)
         self._check_video_files()
         self._load_rows()
-        fits = self._image_cache.max_bytes >= self.decoded_video_bytes
+        fits = budget >= self.decoded_video_bytes
         self._video_reader = VideoFrameReader(
             tolerance_s=tolerance_s, cache_mb=frame_cache_mb, cache_whole_segments=cache_whole_episodes and fits
         )
