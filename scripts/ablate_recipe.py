@@ -72,6 +72,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "DART-style demonstrations: noise (std 0.3) on the executed hand action, clean labels",
         ["data.metaworld.action_noise=0.3", "data.root=data/metaworld_dart"],
     ),
+    "random_start": (
+        "demonstrations from random hand starts (x, y +-10 cm, z 0-10 cm); evaluation from MetaWorld's",
+        ["data.metaworld.hand_start_noise=0.1", "data.root=data/metaworld_start"],
+    ),
     "dart_noise_demos_200": (
         "DART-style demonstrations (std 0.3), 200 per task",
         [

@@ -61,6 +61,12 @@ def parse_args() -> argparse.Namespace:
         default=defaults.action_noise,
         help="std of DART-style noise on the executed hand action (labels stay the expert's)",
     )
+    parser.add_argument(
+        "--hand-start-noise",
+        type=float,
+        default=defaults.hand_start_noise,
+        help="metres: each episode's hand starts off MetaWorld's start by x, y in [-r, r], z in [0, r]",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --root")
     return parser.parse_args()
 
@@ -79,6 +85,7 @@ def main() -> int:
             codec=args.codec,
             crf=args.crf,
             action_noise=args.action_noise,
+            hand_start_noise=args.hand_start_noise,
         )
         start = time.perf_counter()
         columns = (

@@ -93,6 +93,11 @@ CASES = [
     ("bad_val_fraction", ["data.val_fraction=1.5"], "data.val_fraction"),
     ("bad_norm_mode", ["data.norm_modes={action: FOO}"], "data.norm_modes"),
     ("bad_dart_noise", ["data=metaworld", "data.metaworld.action_noise=2"], "data.metaworld.action_noise"),
+    (
+        "bad_hand_start_noise",
+        ["data=metaworld", "data.metaworld.hand_start_noise=1"],
+        "data.metaworld.hand_start_noise",
+    ),
     # Trainer, trackers, compile
     ("unknown_tracker", ["trainer.tracker=csv"], "trainer.tracker"),
     ("unknown_wandb_mode", ["trainer.wandb_mode=cloud"], "trainer.wandb_mode"),
@@ -167,6 +172,8 @@ SCRIPT_CASES = [
      "synthetic episodes must be >= 1"),
     ("sim_dataset_bad_noise", ["scripts/make_sim_dataset.py", "--action-noise", "3", "--root", "TMP/d"],
      "action_noise must be in [0, 1]"),
+    ("sim_dataset_bad_hand_start", ["scripts/make_sim_dataset.py", "--hand-start-noise", "-1", "--root", "TMP/d"],
+     "hand_start_noise must be in [0, 0.2]"),
     ("sim_dataset_zero_episodes", ["scripts/make_sim_dataset.py", "--episodes", "0", "--root", "TMP/d"],
      "episodes must be >= 1"),
 ]  # fmt: skip

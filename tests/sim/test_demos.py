@@ -93,3 +93,39 @@ def test_dart_noise_perturbs_the_executed_actions_and_keeps_clean_labels(tmp_pat
     assert np.abs(states(noisy) - states(clean)).max() > 1e-3  # off the noiseless path
     np.testing.assert_array_equal(states(noisy), states(again))  # seeded
     assert len(noisy) != len(clean) or not np.array_equal(states(noisy), states(clean))
+
+
+def test_random_hand_starts_move_the_first_frame_and_keep_the_layout(tmp_path) -> None:
+    """hand_start_noise > 0: each episode's hand starts at its seeded offset from MetaWorld's start
+    (x, y in [-r, r], z in [0, r]), the object and goal layout is the seed's own, the expert still
+    succeeds, a seed replays, the next plain reset starts where MetaWorld does, and settings without it
+    keep their old JSON."""
+    from vla.sim.demos import _rollout, hand_start_offset
+
+    assert hand_start_offset(4, 0.0) is None
+    assert "hand_start_noise" not in DemoConfig().to_json()
+    assert DemoConfig(hand_start_noise=0.1).to_json()["hand_start_noise"] == 0.1
+    with pytest.raises(Exception, match=r"hand_start_noise must be in \[0, 0.2\]"):
+        DemoConfig(hand_start_noise=0.5)
+    offsets = np.stack([hand_start_offset(s, 0.1) for s in range(200)])
+    assert (
+        (np.abs(offsets[:, :2]) <= 0.1).all() and (offsets[:, 2] >= 0).all() and (offsets[:, 2] <= 0.1).all()
+    )
+    assert offsets.std(0).min() > 0.02  # spread over the box, not a constant
+    with MetaWorldEnv("reach-v3", ("corner2",), 16) as env:
+        home = env.reset(4)["observation.state"][:3]
+        goal = env._raw[36:39].copy()
+        frames, ok = _rollout(env, 4, hand_start_noise=0.1)
+        again, _ = _rollout(env, 4, hand_start_noise=0.1)
+        assert ok  # the expert starts from anywhere
+        start = frames[0]["observation.state"][:3]
+        # The hand reaches its offset start (the mocap pulls it there within a few mm).
+        np.testing.assert_allclose(start - home, hand_start_offset(4, 0.1), atol=5e-3)
+        np.testing.assert_array_equal(env._raw[36:39], goal)  # same goal as the plain reset of seed 4
+        np.testing.assert_array_equal(
+            frames[0]["observation.images.corner2"], again[0]["observation.images.corner2"]
+        )
+        assert len(frames) == len(again)
+        np.testing.assert_array_equal(env.reset(4)["observation.state"][:3], home)  # the offset is not kept
+        with pytest.raises(Exception, match="hand_offset must be 3 finite metres"):
+            env.reset(4, np.array([0.0, np.nan, 0.0]))

@@ -6,7 +6,10 @@ then the expert's action) up to and including the step that reaches success; fai
 dropped. With `action_noise` > 0 the recording is DART-style (Laskey et al., 2017): the environment
 steps with the expert's action plus Gaussian noise on the hand's x, y, z, while the frame keeps the
 expert's clean action as its label, so the data shows how the expert recovers from states just off its
-own path. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
+own path. With `hand_start_noise` > 0 every episode starts with the hand moved from the task's start by
+a random offset (x, y in [-r, r], z in [0, r]: upward only, so it never starts inside an object), so the
+hand's position alone no longer tells the direction to the goal and a policy has to read the goal from
+its images; evaluation keeps MetaWorld's start. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
 that were never trained on, and the expert's success rate per task is recorded beside it.
 """
 
@@ -38,6 +41,8 @@ GENERATOR = "vla.sim.demos"
 # its own layout (MetaWorldEnv.reset runs mj_forward); recordings of version 1 (no "recorder" key) show
 # the previous episode's goal and drawer there, and are not reused.
 RECORDER_VERSION = 2
+# Beyond ~20 cm the hand starts outside the region the experts were written for.
+MAX_HAND_START_NOISE = 0.2
 
 
 @dataclass
@@ -64,6 +69,9 @@ class DemoConfig:
     # in action units ([-1, 1]; 1 moves the hand about 1 cm per step). The label stays the clean action.
     # Measured (scripts/ablate_recipe.py, variant dart_noise): see the README's ablation table.
     action_noise: float = 0.0
+    # Half-width r (metres) of the random offset of the hand's start in each recorded episode (module
+    # docstring). Measured (scripts/ablate_recipe.py, variant random_start): see the README's ablation table.
+    hand_start_noise: float = 0.0
 
     def __post_init__(self) -> None:
         self.tasks = parse_tasks(self.tasks)
@@ -78,6 +86,10 @@ class DemoConfig:
             raise SimError(f"crf must be in [0, 51] (lower: better quality, bigger files), got {self.crf}")
         if not (math.isfinite(self.action_noise) and 0 <= self.action_noise <= 1):
             raise SimError(f"action_noise must be in [0, 1] (action units), got {self.action_noise}")
+        if not (math.isfinite(self.hand_start_noise) and 0 <= self.hand_start_noise <= MAX_HAND_START_NOISE):
+            raise SimError(
+                f"hand_start_noise must be in [0, {MAX_HAND_START_NOISE}] metres, got {self.hand_start_noise}"
+            )
 
     @property
     def attempts(self) -> int:
@@ -85,9 +97,10 @@ class DemoConfig:
 
     def to_json(self) -> dict[str, Any]:
         settings = asdict(self) | {"recorder": RECORDER_VERSION}
-        if self.action_noise == 0:
-            # Recordings made before the setting existed had no noise: they stay reusable.
-            del settings["action_noise"]
+        # Recordings made before these settings existed had neither: they stay reusable.
+        for name in ("action_noise", "hand_start_noise"):
+            if settings[name] == 0:
+                del settings[name]
         return settings
 
 
@@ -131,7 +144,7 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
                 while kept < config.episodes and attempt < config.attempts:
                     seed = config.seed + attempt
                     attempt += 1
-                    frames, success = _rollout(env, seed, config.action_noise)
+                    frames, success = _rollout(env, seed, config.action_noise, config.hand_start_noise)
                     if success:
                         successes += 1
                         for frame in frames:
@@ -165,10 +178,21 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
     return stats
 
 
-def _rollout(env: MetaWorldEnv, seed: int, action_noise: float = 0.0) -> tuple[list[dict[str, Any]], bool]:
+def hand_start_offset(seed: int, hand_start_noise: float) -> np.ndarray | None:
+    """(3,) metres the hand's start of `seed`'s recorded episode moves (None: MetaWorld's start)."""
+    if hand_start_noise == 0:
+        return None
+    r = hand_start_noise
+    return np.random.default_rng([seed, 0x57A7]).uniform([-r, -r, 0.0], [r, r, r])
+
+
+def _rollout(
+    env: MetaWorldEnv, seed: int, action_noise: float = 0.0, hand_start_noise: float = 0.0
+) -> tuple[list[dict[str, Any]], bool]:
     """The expert's episode on `seed`: frames (observation + clean expert action) up to the first
-    success; the executed action carries `action_noise` (seeded by `seed`, so a recording replays)."""
-    observation = env.reset(seed)
+    success; the hand starts at `hand_start_offset` and the executed action carries `action_noise`
+    (both seeded by `seed`, so a recording replays)."""
+    observation = env.reset(seed, hand_start_offset(seed, hand_start_noise))
     noise = np.random.default_rng([seed, 0xDA27])
     frames = []
     while True:

@@ -194,12 +194,27 @@ class MetaWorldEnv:
         self.seed: int | None = None
 
     # -- episode ---------------------------------------------------------------------------------
-    def reset(self, seed: int) -> dict[str, Any]:
-        """Start the episode of `seed` (object and goal positions follow from it alone)."""
+    def reset(self, seed: int, hand_offset: np.ndarray | None = None) -> dict[str, Any]:
+        """Start the episode of `seed` (object and goal positions follow from it alone).
+
+        hand_offset: (3,) metres added to the task's hand start for this episode only (the recorder's
+        random starts); None starts where MetaWorld does, as evaluation always does.
+        """
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise SimError(f"reset needs a seed that is an int >= 0, got {seed!r}")
         self._env.seed(int(seed))
-        self._env.reset()
+        if hand_offset is None:
+            self._env.reset()
+        else:
+            offset = np.asarray(hand_offset, dtype=np.float64)
+            if offset.shape != (3,) or not np.isfinite(offset).all():
+                raise SimError(f"hand_offset must be 3 finite metres (x, y, z), got {hand_offset!r}")
+            start = self._env.hand_init_pos
+            self._env.hand_init_pos = np.asarray(start, dtype=np.float64) + offset
+            try:
+                self._env.reset()  # reset_model moves the hand to hand_init_pos (mocap, 50 sim steps)
+            finally:
+                self._env.hand_init_pos = start
         # MetaWorld's reset_model moves the goal site and task bodies (model.site_pos / body_pos, e.g. the
         # drawer) after its last mj_forward, so data.site_xpos and the body poses the renderer and the
         # observation read still hold the previous episode's layout until the next forward. Recompute

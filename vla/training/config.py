@@ -221,12 +221,17 @@ class MetaWorldDataConfig:
     codec: str = "h264"  # vla.sim.demos.DemoConfig says why not AV1, and why crf 18
     crf: int = 18
     action_noise: float = 0.0  # DART-style noise on the executed hand action; vla.sim.demos.DemoConfig
+    hand_start_noise: float = 0.0  # metres; random hand starts in the recording; vla.sim.demos.DemoConfig
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.metaworld.")
         if not 0 <= self.action_noise <= 1:
             raise ValueError(
                 f"data.metaworld.action_noise must be in [0, 1] (action units), got {self.action_noise}"
+            )
+        if not 0 <= self.hand_start_noise <= 0.2:
+            raise ValueError(
+                f"data.metaworld.hand_start_noise must be in [0, 0.2] metres, got {self.hand_start_noise}"
             )
         _choice("data.metaworld.codec", self.codec, ("av1", "h264"))
         _positive("data.metaworld.episodes", self.episodes)

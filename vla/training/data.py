@@ -35,6 +35,7 @@ def demo_config(cfg: DataConfig) -> Any:
         codec=m.codec,
         crf=m.crf,
         action_noise=m.action_noise,
+        hand_start_noise=m.hand_start_noise,
     )
 
 
