@@ -460,9 +460,18 @@ def plot_curves(study: dict[str, Any], path: Path, key: str) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     colours = {"adamw": "tab:blue", "dmuon": "tab:red"}
-    for optimizer, entry in study["optimizers"].items():
-        if optimizer not in colours:
-            continue
+    # The chosen lrs solid with their bands; sensitivity arms dashed, mean only (reported apart).
+    lines = [
+        (optimizer, entry, "-", True)
+        for optimizer, entry in study["optimizers"].items()
+        if optimizer in colours
+    ]
+    lines += [
+        (arm["optimizer"], arm, "--", False)
+        for arm in (study.get("sensitivity_arms") or {}).values()
+        if arm["optimizer"] in colours and not arm["chosen"]
+    ]
+    for optimizer, entry, style, band in lines:
         series = []
         for name in entry["runs"]:
             run = study["runs"][name]
@@ -478,10 +487,11 @@ def plot_curves(study: dict[str, Any], path: Path, key: str) -> None:
         mean = [statistics.fmean(col) for col in zip(*values)]
         low, high = [min(col) for col in zip(*values)], [max(col) for col in zip(*values)]
         step_s = statistics.median(m for _, _, m in series)
-        label = f"{optimizer} lr {entry['lr']:g} ({len(series)} seeds)"
+        label = f"{optimizer} lr {entry['lr']:g} ({len(series)} seeds)" + ("" if band else ", not chosen")
         for ax, x in ((axes[0], common), (axes[1], [c * step_s for c in common])):
-            ax.plot(x, mean, color=colours[optimizer], lw=2, label=label)
-            ax.fill_between(x, low, high, color=colours[optimizer], alpha=0.2)
+            ax.plot(x, mean, color=colours[optimizer], lw=2 if band else 1.2, ls=style, label=label)
+            if band:
+                ax.fill_between(x, low, high, color=colours[optimizer], alpha=0.2)
     ylabel = "validation loss (flow matching)" if key == "val" else "closed-loop success (mean over tasks)"
     for ax, xlabel in zip(axes, ("optimizer step", "training seconds (step x median step time)")):
         ax.set_xlabel(xlabel)
@@ -492,7 +502,9 @@ def plot_curves(study: dict[str, Any], path: Path, key: str) -> None:
         else:
             ax.set_ylim(0, 1)
     axes[0].legend(fontsize=8)
-    fig.suptitle("AdamW vs DMuon on MetaWorld: mean over training seeds, band = the seeds' range")
+    fig.suptitle(
+        "AdamW vs DMuon on MetaWorld: mean over training seeds, band = the seeds' range (dashed: not chosen)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
