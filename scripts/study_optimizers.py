@@ -21,7 +21,8 @@ budget in steps, and closed-loop success measured during training (every --eval-
 
 Reported per optimizer: final success (mean, spread and per task over seeds), success against steps
 and against training seconds (step x the run's median step time) with seed bands, the steps each seed
-needs to reach AdamW's best mean validation loss, and the difference in mean success (DMuon - AdamW)
+needs to reach AdamW's best validation loss of the same seed (each seed holds out its own validation
+episodes), and the difference in mean success (DMuon - AdamW)
 with a 95% bootstrap interval over seeds and episodes (vla.eval.stats); per task, the distance of the
 evaluation layouts to the nearest demonstration (vla.sim.layouts).
 
@@ -57,7 +58,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vla.eval.curves import read_metrics, steps_to_reach, success_curve, validation_curve  # noqa: E402
+from vla.eval.curves import (  # noqa: E402
+    read_metrics,
+    steps_to_baseline_best,
+    success_curve,
+    validation_curve,
+)
 from vla.eval.stats import seed_spread, success_difference  # noqa: E402
 
 OPTIMIZERS = ("adamw", "dmuon")
@@ -306,18 +312,38 @@ def _outcomes(run: dict[str, Any]) -> dict[str, tuple[int, int]]:
     return {task: (t["successes"], t["episodes"]) for task, t in run["final"]["tasks"].items()}
 
 
-def _mean_curve(curves: list[tuple[list[int], list[float]]]) -> tuple[list[int], list[float]]:
-    """Pointwise mean over runs on the steps every run has."""
-    common = sorted(set.intersection(*(set(steps) for steps, _ in curves))) if curves else []
-    lookup = [dict(zip(steps, values)) for steps, values in curves]
-    return common, [statistics.fmean(d[s] for d in lookup) for s in common]
+def paired_steps(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], per: dict[str, Any]
+) -> dict[str, Any]:
+    """Per training seed: AdamW's best validation loss, the step it has it, and the steps DMuon's run of
+    the same seed needs to reach it. Paired by seed, because each seed holds out its own validation
+    episodes (the split follows trainer.seed), so losses of different seeds are not on one scale and a
+    mean over seeds would mix them. ratio: mean over seeds of DMuon's / AdamW's steps (None where a
+    DMuon seed never reaches its target)."""
+    seeds: dict[str, Any] = {}
+    for seed in args.seeds:
+        adamw, dmuon = (runs.get(run_name(o, per[o]["lr"], seed)) for o in ("adamw", "dmuon"))
+        if adamw is None or dmuon is None or adamw["final"] is None or dmuon["final"] is None:
+            continue
+        best, adamw_step, dmuon_step = steps_to_baseline_best(
+            (adamw["val_steps"], adamw["val_loss"]), (dmuon["val_steps"], dmuon["val_loss"])
+        )
+        seeds[str(seed)] = {
+            "adamw_best_val_loss": best,
+            "adamw_step": adamw_step,
+            "dmuon_step": dmuon_step,
+            "ratio": dmuon_step / adamw_step if dmuon_step is not None else None,
+        }
+    ratios = [s["ratio"] for s in seeds.values()]
+    ratio = statistics.fmean(ratios) if ratios and None not in ratios else None
+    return {"seeds": seeds, "ratio": ratio}
 
 
 def summarise(
     args: argparse.Namespace, runs: dict[str, dict[str, Any]], best: dict[str, float]
 ) -> dict[str, Any]:
-    """Per optimizer: seeds, final success spread, per-task means, steps to AdamW's best mean val loss;
-    the DMuon - AdamW difference with its bootstrap interval."""
+    """Per optimizer: seeds, final success spread, per-task means; the steps DMuon needs to AdamW's best
+    validation loss (paired by seed) and the DMuon - AdamW difference with its bootstrap interval."""
     per: dict[str, Any] = {}
     for optimizer in OPTIMIZERS:
         names = [run_name(optimizer, best[optimizer], s) for s in args.seeds if optimizer in best]
@@ -344,26 +370,9 @@ def summarise(
                 for t in tasks
             },
             "median_step_s": statistics.median(runs[n]["median_step_s"] for n in names),
-            "val_mean": _mean_curve([(runs[n]["val_steps"], runs[n]["val_loss"]) for n in names]),
         }
-    if "adamw" in per:
-        steps, mean = per["adamw"]["val_mean"]
-        if mean:
-            target = min(mean)
-            adamw_steps = steps[mean.index(target)]
-            for entry in list(per.values()):
-                reach = {
-                    n: steps_to_reach(runs[n]["val_steps"], runs[n]["val_loss"], target)
-                    for n in entry["runs"]
-                }
-                entry["steps_to_adamw_best"] = reach
-                reached = [v for v in reach.values() if v is not None]
-                entry["mean_steps_to_adamw_best"] = (
-                    statistics.fmean(reached) if len(reached) == len(reach) else None
-                )
-            per["adamw_best_mean_val_loss"] = {"loss": target, "step": adamw_steps}
-            dmuon = per.get("dmuon", {}).get("mean_steps_to_adamw_best")
-            per["step_ratio"] = dmuon / adamw_steps if dmuon is not None else None
+    if "adamw" in per and "dmuon" in per:
+        per["steps_to_adamw_best"] = paired_steps(args, runs, per)
     if "adamw" in per and "dmuon" in per:
         difference = success_difference(
             [_outcomes(runs[n]) for n in per["adamw"]["runs"]],
@@ -665,14 +674,20 @@ def print_tables(study: dict[str, Any]) -> None:
             f"\n{optimizer} (lr {e['lr']:g}, {f['seeds']} seeds): final success {f['mean']:.1%} "
             f"+- {f['std']:.1%} (range {f['min']:.0%}-{f['max']:.0%}); {tasks}"
         )
-        if e.get("steps_to_adamw_best"):
-            print(f"  steps to AdamW's best mean validation loss: {e['steps_to_adamw_best']}")
-    if per.get("step_ratio") is not None:
-        target = per["adamw_best_mean_val_loss"]
+    paired = per.get("steps_to_adamw_best")
+    if paired and paired["seeds"]:
         print(
-            f"\nDMuon needs {per['step_ratio']:.2f}x AdamW's steps to AdamW's best mean validation loss "
-            f"({target['loss']:.4f} at step {target['step']})"
+            "\nsteps to AdamW's best validation loss, per training seed (each seed has its own validation episodes):"
         )
+        for seed, row in paired["seeds"].items():
+            dmuon = row["dmuon_step"] if row["dmuon_step"] is not None else "not reached"
+            ratio = f"{row['ratio']:.2f}x" if row["ratio"] is not None else "-"
+            print(
+                f"  seed {seed}: AdamW {row['adamw_best_val_loss']:.4f} at step {row['adamw_step']}; "
+                f"DMuon reaches it at step {dmuon} ({ratio})"
+            )
+        if paired["ratio"] is not None:
+            print(f"DMuon needs {paired['ratio']:.2f}x AdamW's steps (mean over seeds)")
     if "difference" in per:
         d = per["difference"]
         print(

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from vla.eval.curves import steps_to_reach, success_curve, validation_curve
+from vla.eval.curves import steps_to_baseline_best, steps_to_reach, success_curve, validation_curve
 from vla.eval.stats import run_mean_success, seed_spread, success_difference
 
 
@@ -85,3 +85,11 @@ def test_curves_from_metrics_keep_the_last_record_of_a_step(tmp_path) -> None:
     steps, losses = validation_curve(path)
     assert steps == [2, 4] and losses == [0.9, 0.6]
     assert steps_to_reach(steps, losses, 0.8) == 4 and steps_to_reach(steps, losses, 0.5) is None
+
+
+def test_steps_to_the_baselines_best_take_its_first_best_step_and_the_others_first_crossing() -> None:
+    baseline = ([50, 100, 150, 200], [0.5, 0.3, 0.3, 0.4])  # best 0.3, first at 100
+    assert steps_to_baseline_best(baseline, ([50, 100, 150], [0.4, 0.29, 0.1])) == (0.3, 100, 100)
+    assert steps_to_baseline_best(baseline, ([50, 100], [0.31, 0.4])) == (0.3, 100, None)
+    with pytest.raises(ValueError, match="no validation losses"):
+        steps_to_baseline_best(([], []), baseline)

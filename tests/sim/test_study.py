@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _sim_fixtures import SIM_DATA_OVERRIDES
 
@@ -137,7 +138,15 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
         "reach-v3",
         "button-press-topdown-v3",
     }
-    assert set(per["adamw"]["steps_to_adamw_best"]) == set(per["adamw"]["runs"])
+    # Steps to AdamW's best validation loss, paired by seed (each seed validates on its own episodes).
+    paired = per["steps_to_adamw_best"]
+    assert set(paired["seeds"]) == {"0", "1"}
+    for seed, row in paired["seeds"].items():
+        adamw = runs[f"adamw_lr0.001_seed{seed}"]
+        assert row["adamw_best_val_loss"] == min(adamw["val_loss"])
+        assert adamw["val_steps"][adamw["val_loss"].index(row["adamw_best_val_loss"])] == row["adamw_step"]
+    if all(row["ratio"] is not None for row in paired["seeds"].values()):
+        assert paired["ratio"] == pytest.approx(np.mean([row["ratio"] for row in paired["seeds"].values()]))
     difference = per["difference"]
     assert -1 <= difference["ci"][0] <= difference["difference"] <= difference["ci"][1] <= 1
     # naive Muon is the same update as DMuon: the same losses (Gram vs standard NS only), on the first
@@ -171,8 +180,9 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     assert third.stdout.count("reused") == 8 and "training ..." not in third.stdout
     again = json.loads((out / "study.json").read_text())
     assert again["best_lr"] == study["best_lr"] and again["muon_vs_dmuon"] == study["muon_vs_dmuon"]
-    for key in ("final_success", "tasks", "steps_to_adamw_best", "runs"):
+    for key in ("final_success", "tasks", "runs"):
         assert again["optimizers"]["dmuon"][key] == study["optimizers"]["dmuon"][key]
+    assert again["optimizers"]["steps_to_adamw_best"] == paired
     assert again["optimizers"]["difference"]["difference"] == difference["difference"]
     assert again["layouts"] == study["layouts"]
     (tmp_path / "old_runs").rename(runs_dir)

@@ -77,3 +77,15 @@ def validation_curve(metrics_path: Path | str) -> tuple[list[int], list[float]]:
 def steps_to_reach(steps: list[int], losses: list[float], target: float) -> int | None:
     """The first step whose validation loss is <= target (None if none is)."""
     return next((s for s, v in zip(steps, losses) if v <= target), None)
+
+
+def steps_to_baseline_best(
+    baseline: tuple[list[int], list[float]], other: tuple[list[int], list[float]]
+) -> tuple[float, int, int | None]:
+    """(the baseline's best validation loss, the first step it has it, the first step `other` reaches
+    it: None if never). Both curves are (steps, losses) on the same validation set."""
+    steps, losses = baseline
+    if not losses:
+        raise ValueError("the baseline run has no validation losses")
+    best = min(losses)
+    return best, steps[losses.index(best)], steps_to_reach(*other, best)
