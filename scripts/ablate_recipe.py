@@ -105,6 +105,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=2, help="runs trained at once (cores shared out)")
     parser.add_argument("--report", action="store_true", help="only collect finished runs and report")
     parser.add_argument(
+        "--keep",
+        type=Path,
+        default=None,
+        help="an earlier ablations.json whose rows stay in the report where this --out has no finished run "
+        "of that variant (its runs were on another machine), e.g. docs/ablations/ablations.json",
+    )
+    parser.add_argument(
         "--train-arg", action="append", default=[], help="extra train.py override (repeatable)"
     )
     args = parser.parse_args()
@@ -248,6 +255,13 @@ def main() -> int:
         }
     if args.replan:
         rows |= replan_rows(args)
+    if args.keep is not None:
+        if not args.keep.is_file():
+            raise SystemExit(
+                f"--keep {args.keep}: no such file; give an ablations.json an earlier report wrote"
+            )
+        kept = json.loads(args.keep.read_text()).get("rows", {})
+        rows = {**{n: r for n, r in kept.items() if n not in rows}, **rows}
     for row in rows.values():
         for t in row["tasks"].values():
             t["ci95"] = list(wilson_interval(t["successes"], t["episodes"]))

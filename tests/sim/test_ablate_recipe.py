@@ -61,3 +61,21 @@ def test_report_tabulates_finished_runs(tmp_path) -> None:
     assert low == 0.0 and 0.3 < high < 0.6  # Wilson interval of 0/4
     assert abs(rows["shift_augmentation"]["step_time_vs_recipe"] - 0.9) < 1e-9
     assert "shift_augmentation" in result.stdout and (tmp_path / "ablations.png").stat().st_size > 1000
+
+
+def test_report_keeps_earlier_rows_whose_runs_are_elsewhere(tmp_path) -> None:
+    """--keep: rows of an earlier report stay for variants without a run here; a run here wins."""
+    earlier = {"rows": {"recipe": {"changes": "old", "mean_success": 0.1, "tasks": {"reach-v3": {"successes": 2, "episodes": 20}}},
+                        "ema": {"changes": "kept", "mean_success": 0.3, "tasks": {"reach-v3": {"successes": 6, "episodes": 20}}}}}  # fmt: skip
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    _fake_run(tmp_path / "out" / "runs" / "recipe", {"reach-v3": 4, "push-v3": 2}, 1.0)
+    command = [sys.executable, str(ROOT / "scripts/ablate_recipe.py"), f"--out={tmp_path / 'out'}", "--report",
+               "--variants=recipe", f"--keep={tmp_path / 'earlier.json'}"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((tmp_path / "out" / "ablations.json").read_text())["rows"]
+    assert set(rows) == {"recipe", "ema"} and rows["recipe"]["mean_success"] == 0.75
+    assert rows["ema"]["changes"] == "kept" and rows["ema"]["tasks"]["reach-v3"]["ci95"][0] > 0
+    missing = subprocess.run([*command[:-1], f"--keep={tmp_path / 'none.json'}"], capture_output=True, text=True,
+                             timeout=120, cwd=ROOT)  # fmt: skip
+    assert missing.returncode != 0 and "--keep" in missing.stderr and "Traceback" not in missing.stderr
