@@ -9,8 +9,9 @@ expert's clean action as its label, so the data shows how the expert recovers fr
 own path. With `hand_start_noise` > 0 every episode starts with the hand moved from the task's start by
 a random offset (x, y in [-r, r], z in [0, r]: upward only, so it never starts inside an object), so the
 hand's position alone no longer tells the direction to the goal and a policy has to read the goal from
-its images; evaluation keeps MetaWorld's start. Every kept episode's seed is recorded in meta/metaworld.json, so evaluation can use seeds
-that were never trained on, and the expert's success rate per task is recorded beside it.
+its images; evaluation keeps MetaWorld's start. Every kept episode's seed is recorded in
+meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
+rate per task is recorded beside it.
 """
 
 from __future__ import annotations
