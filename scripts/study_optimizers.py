@@ -373,7 +373,6 @@ def summarise(
         }
     if "adamw" in per and "dmuon" in per:
         per["steps_to_adamw_best"] = paired_steps(args, runs, per)
-    if "adamw" in per and "dmuon" in per:
         difference = success_difference(
             [_outcomes(runs[n]) for n in per["adamw"]["runs"]],
             [_outcomes(runs[n]) for n in per["dmuon"]["runs"]],

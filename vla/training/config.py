@@ -229,6 +229,7 @@ class MetaWorldDataConfig:
             raise ValueError(
                 f"data.metaworld.action_noise must be in [0, 1] (action units), got {self.action_noise}"
             )
+        # 0.2: vla.sim.demos.MAX_HAND_START_NOISE, not imported here (vla.sim picks the GL backend on import)
         if not 0 <= self.hand_start_noise <= 0.2:
             raise ValueError(
                 f"data.metaworld.hand_start_noise must be in [0, 0.2] metres, got {self.hand_start_noise}"
