@@ -84,6 +84,25 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
             "data.root=data/metaworld_dart_200",
         ],
     ),
+    "workspace_camera": (
+        "corner2 + the workspace view (vla.sim FREE_VIEWS, ~1 cm a pixel) instead of topview",
+        [
+            "data.metaworld.cameras=[corner2,workspace]",
+            "data.root=data/metaworld_workspace",
+            "data.camera_map={observation.images.corner2: corner2, observation.images.workspace: workspace}",
+            "model.overrides={cameras: [corner2, workspace]}",
+        ],
+    ),
+    "workspace_cameras": (
+        "both cameras framed on the workspace (workspace + workspace_top, ~1 cm a pixel)",
+        [
+            "data.metaworld.cameras=[workspace,workspace_top]",
+            "data.root=data/metaworld_workspace2",
+            "data.camera_map={observation.images.workspace: workspace, observation.images.workspace_top: "
+            "workspace_top}",
+            "model.overrides={cameras: [workspace, workspace_top]}",
+        ],
+    ),
     "horizon_8": ("8-step action chunks", ["model.overrides={action_horizon: 8}"]),
     "horizon_32": ("32-step action chunks", ["model.overrides={action_horizon: 32}"]),
 }

@@ -35,7 +35,9 @@ def parse_args() -> argparse.Namespace:
         "--resolution", type=int, default=defaults.resolution, help="square camera images, pixels"
     )
     parser.add_argument(
-        "--cameras", default=",".join(defaults.cameras), help="comma-separated MetaWorld cameras"
+        "--cameras",
+        default=",".join(defaults.cameras),
+        help="comma-separated cameras: MetaWorld's, or the workspace views of vla.sim (workspace, workspace_top)",
     )
     parser.add_argument("--root", type=Path, default=Path("data/metaworld"), help="dataset folder to create")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="first expert seed of every task")

@@ -114,3 +114,28 @@ def test_first_frame_after_reset_shows_the_new_layout(task: str) -> None:
         np.testing.assert_array_equal(
             fresh.reset(6)["observation.images.topview"], first["observation.images.topview"]
         )
+
+
+def _goal_pixels(image: np.ndarray) -> np.ndarray:
+    """(H, W) mask of push-v3's goal marker (pure green; nothing else in the scene is)."""
+    r, g, b = (image[..., i].astype(int) for i in range(3))
+    return (g > 150) & (r < 100) & (b < 100)
+
+
+def test_workspace_views_show_the_goal_many_times_larger_and_track_it() -> None:
+    with MetaWorldEnv("push-v3", ("topview", "workspace", "workspace_top"), 64) as env:
+        for seed in (0, 1):
+            obs = env.reset(seed)
+            pixels = {c: int(_goal_pixels(obs[f"observation.images.{c}"]).sum()) for c in env.cameras}
+            # measured: topview 2-4 px, workspace 14-16, workspace_top 12-13 (seeds 0-4)
+            assert 1 <= pixels["topview"] <= 5, pixels
+            assert pixels["workspace"] >= 3 * pixels["topview"] and pixels["workspace"] >= 10, pixels
+            assert pixels["workspace_top"] >= 3 * pixels["topview"] and pixels["workspace_top"] >= 10, pixels
+        # Seed 0 and 1 put the goal ~20 px apart in the workspace view (same-seed frames are identical).
+        columns = [
+            np.nonzero(_goal_pixels(env.reset(s)["observation.images.workspace"]))[1].mean() for s in (0, 1)
+        ]
+        assert abs(columns[0] - columns[1]) > 10, columns
+        np.testing.assert_array_equal(
+            env.reset(1)["observation.images.workspace"], env.reset(1)["observation.images.workspace"]
+        )

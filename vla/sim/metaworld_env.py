@@ -58,7 +58,33 @@ TASK_INSTRUCTIONS: dict[str, str] = {
     "peg-insert-side-v3": "insert the peg into the hole",
 }
 DEFAULT_TASKS = ("reach-v3", "push-v3", "pick-place-v3", "drawer-open-v3", "button-press-topdown-v3")
-CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+METAWORLD_CAMERAS = ("corner", "corner2", "corner3", "corner4", "topview", "behindGripper", "gripperPOV")
+
+
+@dataclass(frozen=True)
+class FreeView:
+    """A MuJoCo free camera (mjvCamera): it looks at `lookat` (metres, world frame) from `distance` metres,
+    `azimuth` degrees around the vertical (-90: from +y, the far side of the table, towards the robot) and
+    `elevation` degrees (negative: looking down), with the model's vertical field of view (45 degrees)."""
+
+    lookat: tuple[float, float, float]
+    distance: float
+    azimuth: float
+    elevation: float
+
+
+# Views of our own, framed on the workspace. MetaWorld's cameras show the whole scene: at 64 px, corner2
+# and topview spend about 2 cm on a pixel, so the goal marker of reach / push / pick-place is 1-2 px and
+# the puck 2-3 px, and topview is mostly the arm. These frame the region the five default tasks use
+# (x +-0.15, y 0.55-0.95, z 0-0.3 m: hand start, objects, goals, drawer, button) at about 1 cm a pixel,
+# from the far side of the table, so the arm does not hide what is in front of it.
+FREE_VIEWS: dict[str, FreeView] = {
+    # from the far side, 45 degrees down: planar position and height, every task's object in view
+    "workspace": FreeView(lookat=(0.0, 0.72, 0.1), distance=0.75, azimuth=-90.0, elevation=-45.0),
+    # straight down over the table (1 degree off vertical, where azimuth is still defined)
+    "workspace_top": FreeView(lookat=(0.0, 0.72, 0.05), distance=0.75, azimuth=-90.0, elevation=-89.0),
+}
+CAMERAS = METAWORLD_CAMERAS + tuple(FREE_VIEWS)
 # MetaWorld's corner cameras render upside down.
 _UPSIDE_DOWN = frozenset({"corner", "corner2", "corner3", "corner4"})
 STATE_NAMES = ["hand_x", "hand_y", "hand_z", "gripper"]
@@ -139,7 +165,8 @@ class MetaWorldEnv:
     """One MetaWorld v3 task with fast headless rendering and its scripted expert.
 
     task: e.g. "pick-place-v3" (see `available_tasks()`).
-    cameras: MetaWorld camera names to render, each (resolution, resolution, 3) uint8.
+    cameras: cameras to render, each (resolution, resolution, 3) uint8: MetaWorld's own (METAWORLD_CAMERAS)
+        or our workspace views (FREE_VIEWS).
     resolution: image height = width in pixels.
     max_episode_steps: `step` reports done after this many steps (at most MetaWorld's 500).
     """
@@ -156,7 +183,8 @@ class MetaWorldEnv:
         unknown = [c for c in cameras if c not in CAMERAS]
         if unknown or not cameras:
             raise SimError(
-                f"unknown camera(s) {list(unknown) or '(none given)'}; MetaWorld has {list(CAMERAS)}"
+                f"unknown camera(s) {list(unknown) or '(none given)'}; MetaWorld has {list(METAWORLD_CAMERAS)}"
+                f" and vla.sim adds the workspace views {list(FREE_VIEWS)}"
             )
         if not isinstance(resolution, int) or resolution < 8:
             raise SimError(f"resolution must be an int >= 8 pixels, got {resolution!r}")
@@ -189,6 +217,7 @@ class MetaWorldEnv:
         flags = self._renderer.scene.flags
         flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
         flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._free_cameras = {name: _free_camera(mujoco, view) for name, view in FREE_VIEWS.items()}
         self._raw: np.ndarray | None = None
         self.steps = 0
         self.seed: int | None = None
@@ -271,8 +300,8 @@ class MetaWorldEnv:
         return self._raw[:STATE_DIM].astype(np.float32)
 
     def render(self, camera: str) -> np.ndarray:
-        """(R, R, 3) uint8 upright image from one MetaWorld camera."""
-        self._renderer.update_scene(self._env.data, camera=camera)
+        """(R, R, 3) uint8 upright image from one of this env's cameras."""
+        self._renderer.update_scene(self._env.data, camera=self._free_cameras.get(camera, camera))
         image = self._renderer.render()
         if camera in _UPSIDE_DOWN:
             image = image[::-1, ::-1]
@@ -298,6 +327,16 @@ class MetaWorldEnv:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _free_camera(mujoco: Any, view: FreeView) -> Any:
+    camera = mujoco.MjvCamera()
+    camera.type = mujoco.mjtCamera.mjCAMERA_FREE
+    camera.lookat[:] = view.lookat
+    camera.distance = view.distance
+    camera.azimuth = view.azimuth
+    camera.elevation = view.elevation
+    return camera
 
 
 def sim_features(cameras: tuple[str, ...] | list[str], resolution: int) -> dict[str, dict[str, Any]]:
