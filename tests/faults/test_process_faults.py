@@ -46,28 +46,42 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("fault", "extra", "expected"),
+    ("fault", "extra", "group", "expected"),
     [
-        ("build", [], "SIGTERM arrived while outside a training step"),
-        ("validation", ["trainer.val_every=2"], "SIGTERM arrived while validation"),
-        ("step", ["trainer.stop_grace_s=2"], "the training step did not end within trainer.stop_grace_s=2 s"),
+        ("build", [], False, "SIGTERM arrived while outside a training step"),
+        ("validation", ["trainer.val_every=2"], False, "SIGTERM arrived while validation"),
+        (
+            "step",
+            ["trainer.stop_grace_s=2"],
+            False,
+            "the training step did not end within trainer.stop_grace_s=2 s",
+        ),
+        # to the whole process group, as scancel does: the DataLoader workers die of it too, and PyTorch's
+        # "worker is killed by signal" error used to turn the stop into a failure with a traceback (exit 1)
+        ("validation", ["trainer.val_every=2", "data.num_workers=2"], True, "SIGTERM arrived"),
     ],
 )
-def test_sigterm_ends_the_process_wherever_it_is(synthetic_dataset, tmp_path, fault, extra, expected) -> None:
+def test_sigterm_ends_the_process_wherever_it_is(
+    synthetic_dataset, tmp_path, fault, extra, group, expected
+) -> None:
     marker, out = tmp_path / "marker", tmp_path / "run"
     overrides = tiny_overrides(synthetic_dataset, out, "trainer.steps=4", *extra)
     process = subprocess.Popen(
         [sys.executable, str(DRIVER), fault, str(marker), *overrides],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, start_new_session=group,
     )  # fmt: skip
     try:
         _wait_until(marker.exists, process, f"the {fault} hang")
-        process.send_signal(signal.SIGTERM)
+        if group:
+            os.killpg(process.pid, signal.SIGTERM)
+        else:
+            process.send_signal(signal.SIGTERM)
         output, _ = process.communicate(timeout=120)  # it used to wait for a step boundary forever
     finally:
         process.kill()
     assert process.returncode == EXIT_STOPPED, output
     assert expected in output and "trainer.resume=auto" in output, output
+    assert "Traceback" not in output, output
     assert not (out / LOCK_FILE).exists()  # released on the way out
 
 

@@ -14,6 +14,11 @@ resuming, validation, evaluation, export) nothing would ever look at that flag s
 raises `StopRequested` at once; a second signal, or a step that does not end within
 `trainer.stop_grace_s` seconds (stuck in a loader or a collective), does the same. StopRequested is a
 BaseException, so library code catching Exception does not swallow it.
+
+A signal sent to the whole process group (Slurm's scancel, `kill -- -PGID`) also ends the DataLoader
+workers, and PyTorch's SIGCHLD handler then raises "DataLoader worker ... is killed by signal" in the
+middle of the stop; `stop_behind` finds the stop behind such an error, so the run still ends as stopped
+(exit 130, one line) instead of failing with a traceback.
 """
 
 from __future__ import annotations
@@ -39,6 +44,33 @@ class StopRequested(BaseException):
     """SIGINT/SIGTERM ended the run without waiting for a step boundary."""
 
 
+def stop_behind(exc: BaseException) -> StopRequested | None:
+    """The StopRequested that `exc` was raised while handling (its __context__ / __cause__ chain), or, when
+    a stop signal arrived in this process and `exc` is a DataLoader worker killed by a signal, a
+    StopRequested saying so; None for an error of its own."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, StopRequested):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    if StopSignals.received is not None and "is killed by signal" in str(exc):
+        return StopRequested(
+            f"stopped: {StopSignals.received} arrived, and it ended the DataLoader workers too; nothing was "
+            "saved for the current step. Resume from the last checkpoint with trainer.resume=auto (exit code 130)"
+        )
+    return None
+
+
+def quiet_worker_deaths() -> None:
+    """After a stop: put SIGCHLD back to its default, so DataLoader workers that died of the same signal do
+    not make PyTorch's SIGCHLD handler raise again from iterators being torn down at exit ("Exception
+    ignored in ... __del__" tracebacks). Main thread only; the run is over when this is called."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
 class NonFiniteMetricError(RuntimeError):
     """Validation loss or open-loop error came out NaN/inf: the run must not end as a success."""
 
@@ -51,6 +83,8 @@ class StopSignals:
     """
 
     _active: StopSignals | None = None
+    # The first stop signal this process received (its name), kept after the handlers are removed
+    received: str | None = None
 
     def __init__(self, grace_s: float = 120.0) -> None:
         self.grace_s = grace_s
@@ -117,6 +151,7 @@ class StopSignals:
     # -- the handler
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
+        StopSignals.received = StopSignals.received or name
         if self._grace_expired:
             self._stop(
                 f"{self.signal_name} was received but the training step did not end within "
