@@ -259,13 +259,7 @@ def main(cfg: Any) -> int:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from vla.training.guards import (
-        EXIT_FINISHED,
-        EXIT_STOPPED,
-        StopRequested,
-        quiet_worker_deaths,
-        stop_behind,
-    )
+    from vla.training.guards import EXIT_FINISHED, StopRequested, stop_behind
 
     hydra_dir = hydra_output_dir()
     try:
@@ -280,16 +274,12 @@ def main(cfg: Any) -> int:
 
         summary = run(train_config)
     except StopRequested as stop:
-        quiet_worker_deaths()
-        print(f"vla: {stop}", file=sys.stderr, flush=True)
-        return EXIT_STOPPED
+        return _stopped(str(stop))
     except Exception as exc:
         from vla.training.user_errors import describe, is_user_error, traceback_requested
 
         if (stop := stop_behind(exc)) is not None:  # e.g. the workers died of the same SIGTERM
-            quiet_worker_deaths()
-            print(f"vla: {stop}", file=sys.stderr, flush=True)
-            return EXIT_STOPPED
+            return _stopped(str(stop))
 
         remove_if_empty(hydra_dir)  # a run that failed at start-up leaves no empty directory
         if not report_once(exc):
@@ -300,12 +290,17 @@ def main(cfg: Any) -> int:
             raise SystemExit(1) from None
         raise
     if summary.stopped_early:
-        quiet_worker_deaths()
-        print(
-            f"vla: {summary.stopped_early}; resume with trainer.resume=auto (exit code 130)", file=sys.stderr
-        )
-        return EXIT_STOPPED
+        return _stopped(f"{summary.stopped_early}; resume with trainer.resume=auto (exit code 130)")
     return EXIT_FINISHED
+
+
+def _stopped(message: str) -> int:
+    """End a stopped run: one line on stderr, no SIGCHLD tracebacks from dead workers, exit 130."""
+    from vla.training.guards import EXIT_STOPPED, quiet_worker_deaths
+
+    quiet_worker_deaths()
+    print(f"vla: {message}", file=sys.stderr, flush=True)
+    return EXIT_STOPPED
 
 
 def console_main() -> None:
