@@ -1,11 +1,12 @@
 """Record scripted-expert MetaWorld demonstrations as a LeRobot v3.0 dataset (H.264 video).
 
     python scripts/make_sim_dataset.py --tasks reach-v3,push-v3 --episodes 50 --resolution 128 \
-        --root data/metaworld --seed 0 [--cameras corner2] [--overwrite]
+        --root data/metaworld --seed 0 [--cameras corner2] [--workers 8] [--overwrite]
 
 Experts run on seeds --seed, --seed + 1, ... per task; only successful episodes are kept, and every
 kept seed is recorded in meta/metaworld.json (evaluation uses seeds disjoint from them). Prints the
-expert's success rate per task and what was kept. See vla/sim/demos.py.
+expert's success rate per task and what was kept. The experts run in --workers processes (default one
+per CPU); the recording is the same whatever their number. See vla/sim/demos.py.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def parse_args() -> argparse.Namespace:
         default=defaults.hand_start_noise,
         help="metres: each episode's hand starts off MetaWorld's start by x, y in [-r, r], z in [0, r]",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes rolling out the expert (0: one per CPU, at most 8); the recording does not depend on it",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --root")
     return parser.parse_args()
 
@@ -102,6 +109,7 @@ def main() -> int:
                 args.root,
                 config,
                 overwrite=args.overwrite,
+                workers=args.workers,
                 progress=lambda task, kept, wanted: bar.update(bars[task], completed=kept),
             )
     except (SimError, DatasetError) as exc:

@@ -98,6 +98,7 @@ CASES = [
         ["data=metaworld", "data.metaworld.hand_start_noise=1"],
         "data.metaworld.hand_start_noise",
     ),
+    ("bad_record_workers", ["data=metaworld", "data.metaworld.workers=-2"], "data.metaworld.workers"),
     # Trainer, trackers, compile
     ("unknown_tracker", ["trainer.tracker=csv"], "trainer.tracker"),
     ("unknown_wandb_mode", ["trainer.wandb_mode=cloud"], "trainer.wandb_mode"),
@@ -174,6 +175,8 @@ SCRIPT_CASES = [
      "action_noise must be in [0, 1]"),
     ("sim_dataset_bad_hand_start", ["scripts/make_sim_dataset.py", "--hand-start-noise", "-1", "--root", "TMP/d"],
      "hand_start_noise must be in [0, 0.2]"),
+    ("sim_dataset_bad_workers", ["scripts/make_sim_dataset.py", "--workers", "-1", "--root", "TMP/d"],
+     "workers must be an int >= 0"),
     ("sim_dataset_zero_episodes", ["scripts/make_sim_dataset.py", "--episodes", "0", "--root", "TMP/d"],
      "episodes must be >= 1"),
 ]  # fmt: skip

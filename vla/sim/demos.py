@@ -12,13 +12,25 @@ hand's position alone no longer tells the direction to the goal and a policy has
 its images; evaluation keeps MetaWorld's start. Every kept episode's seed is recorded in
 meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
 rate per task is recorded beside it.
+
+With workers > 1 the rollouts run in that many processes (each with its own simulator) while this process
+encodes; an episode depends on its seed alone, so the recording is the same frame for frame whatever the
+number of workers (tests/sim/test_parallel_recording.py), and `workers` is not one of the settings a
+recording is reused for.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import multiprocessing
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +56,12 @@ GENERATOR = "vla.sim.demos"
 RECORDER_VERSION = 2
 # Beyond ~20 cm the hand starts outside the region the experts were written for.
 MAX_HAND_START_NOISE = 0.2
+# workers=0 ("auto"): one recording process per CPU this process may use, up to this many (past ~8 the
+# encoder in the main process is the bottleneck).
+MAX_AUTO_WORKERS = 8
+# One expert episode takes about a second here (<= max_episode_steps steps): a worker that has not answered
+# in this long is stuck, and the recording fails instead of waiting for ever.
+ROLLOUT_TIMEOUT_S = 600.0
 
 
 @dataclass
@@ -124,32 +142,45 @@ class ExpertStats:
 Progress = Callable[[str, int, int], None]
 
 
-def record_demos(root: Path, config: DemoConfig, progress: Progress | None = None) -> list[ExpertStats]:
-    """Write the dataset into the (empty or new) directory `root`; see the module docstring."""
+def record_demos(
+    root: Path, config: DemoConfig, progress: Progress | None = None, workers: int = 1
+) -> list[ExpertStats]:
+    """Write the dataset into the (empty or new) directory `root`; see the module docstring.
+
+    workers: processes rolling out the expert (1: in this process; 0: `auto_workers()`); the result does
+    not depend on it.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise SimError(
+            f"workers must be an int >= 0 (processes rolling out the expert; 0: one per CPU), got {workers!r}"
+        )
+    workers = workers or auto_workers()
     episodes_meta: list[dict[str, Any]] = []
     stats: list[ExpertStats] = []
-    with LeRobotDatasetWriter(
-        root,
-        fps=CONTROL_FPS,
-        features=sim_features(config.cameras, config.resolution),
-        robot_type="sawyer",
-        use_videos=True,
-        video_codec=config.codec,
-        video_crf=config.crf,
-        overwrite=True,  # the caller hands over a fresh staging folder
-    ) as writer:
+    with (
+        LeRobotDatasetWriter(
+            root,
+            fps=CONTROL_FPS,
+            features=sim_features(config.cameras, config.resolution),
+            robot_type="sawyer",
+            use_videos=True,
+            video_codec=config.codec,
+            video_crf=config.crf,
+            overwrite=True,  # the caller hands over a fresh staging folder
+        ) as writer,
+        _Rollouts(config, workers) as rollouts,
+    ):
         for task in config.tasks:
             kept, successes, lengths = 0, 0, []
             attempt = 0
-            with MetaWorldEnv(task, config.cameras, config.resolution, config.max_episode_steps) as env:
-                while kept < config.episodes and attempt < config.attempts:
-                    seed = config.seed + attempt
+            episodes = rollouts.episodes(task)
+            try:
+                for seed, instruction, frames, success in episodes:
                     attempt += 1
-                    frames, success = _rollout(env, seed, config.action_noise, config.hand_start_noise)
                     if success:
                         successes += 1
                         for frame in frames:
-                            writer.add_frame(frame, task=env.instruction)
+                            writer.add_frame(frame, task=instruction)
                         writer.save_episode()
                         episodes_meta.append(
                             {
@@ -163,6 +194,10 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
                         kept += 1
                     if progress is not None:
                         progress(task, kept, config.episodes)
+                    if kept == config.episodes:
+                        break
+            finally:
+                episodes.close()  # cancels the rollouts of seeds not needed any more
             if kept < config.episodes:
                 raise SimError(
                     f"the {task} expert succeeded on only {kept} of {attempt} seeds; wanted {config.episodes} "
@@ -177,6 +212,111 @@ def record_demos(root: Path, config: DemoConfig, progress: Progress | None = Non
     }
     (root / MARKER_PATH).write_text(json.dumps(marker, indent=1))
     return stats
+
+
+def auto_workers() -> int:
+    """Recording processes for workers=0: the CPUs this process may run on, at most MAX_AUTO_WORKERS."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, MAX_AUTO_WORKERS))
+
+
+# (seed, instruction, frames, success) of one expert episode
+Episode = tuple[int, str, list[dict[str, Any]], bool]
+
+
+class _Rollouts:
+    """The expert's episodes of a task, seed after seed, rolled out here (workers=1) or by a pool of
+    `workers` processes, at most 2 x workers seeds ahead of the one the recorder waits for, and always
+    handed over in seed order."""
+
+    def __init__(self, config: DemoConfig, workers: int) -> None:
+        self.config = config
+        self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> _Rollouts:
+        if self.workers > 1:
+            # spawn, not fork: a forked child would share this process's GL context and MuJoCo state
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_worker_start,
+                initargs=(os.getpid(),),
+            )
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def episodes(self, task: str) -> Iterator[Episode]:
+        c = self.config
+        seeds = range(c.seed, c.seed + c.attempts)
+        if self._pool is None:
+            with MetaWorldEnv(task, c.cameras, c.resolution, c.max_episode_steps) as env:
+                for seed in seeds:
+                    frames, success = _rollout(env, seed, c.action_noise, c.hand_start_noise)
+                    yield seed, env.instruction, frames, success
+            return
+        pending: deque[tuple[int, Future[Episode]]] = deque()
+        upcoming = iter(seeds)
+        try:
+            while True:
+                while len(pending) < 2 * self.workers and (seed := next(upcoming, None)) is not None:
+                    pending.append((seed, self._pool.submit(_worker_rollout, c, task, seed)))
+                if not pending:
+                    return
+                seed, future = pending.popleft()
+                try:
+                    episode = future.result(timeout=ROLLOUT_TIMEOUT_S)
+                except TimeoutError:
+                    raise SimError(
+                        f"a recording worker gave no {task} episode for seed {seed} in {ROLLOUT_TIMEOUT_S:.0f} s; "
+                        "it is stuck (one episode takes about a second). Record with workers=1 to see where."
+                    ) from None
+                except BrokenProcessPool as exc:
+                    raise SimError(
+                        f"a recording worker died while rolling out {task} (seed {seed}): {exc}. Record with "
+                        "workers=1 to see the error, or with fewer workers if memory ran out."
+                    ) from None
+                yield episode
+        finally:
+            for _, future in pending:
+                future.cancel()
+
+
+_worker_env: MetaWorldEnv | None = None
+
+
+def _worker_start(parent_pid: int) -> None:
+    """A recording worker ends itself once the process that started it is gone (killed, say), instead of
+    waiting for ever for work that will not come."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def _close_worker_env() -> None:
+    global _worker_env
+    if _worker_env is not None:
+        _worker_env.close()
+        _worker_env = None
+
+
+def _worker_rollout(config: DemoConfig, task: str, seed: int) -> Episode:
+    """One expert episode in a recording worker; the worker keeps one simulator, rebuilt when the task
+    changes."""
+    global _worker_env
+    if _worker_env is None or _worker_env.task != task:
+        _close_worker_env()
+        _worker_env = MetaWorldEnv(task, config.cameras, config.resolution, config.max_episode_steps)
+    frames, success = _rollout(_worker_env, seed, config.action_noise, config.hand_start_noise)
+    return seed, _worker_env.instruction, frames, success
 
 
 def hand_start_offset(seed: int, hand_start_noise: float) -> np.ndarray | None:
@@ -212,16 +352,25 @@ def _rollout(
 
 
 def generate_sim_dataset(
-    root: Path | str, config: DemoConfig, *, overwrite: bool = False, progress: Progress | None = None
+    root: Path | str,
+    config: DemoConfig,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    workers: int = 1,
 ) -> Path:
-    """Record the dataset atomically into `root` (a non-empty root only with overwrite=True)."""
+    """Record the dataset atomically into `root` (a non-empty root only with overwrite=True), rolling
+    out in `workers` processes."""
     return write_atomically(
-        root, lambda staging: record_demos(staging, config, progress), overwrite=overwrite
+        root, lambda staging: record_demos(staging, config, progress, workers), overwrite=overwrite
     )
 
 
-def ensure_sim_dataset(root: Path | str, config: DemoConfig, progress: Progress | None = None) -> Path:
-    """Reuse the dataset at `root` if it was recorded with `config`; record it if root is empty.
+def ensure_sim_dataset(
+    root: Path | str, config: DemoConfig, progress: Progress | None = None, workers: int = 1
+) -> Path:
+    """Reuse the dataset at `root` if it was recorded with `config`; record it (in `workers` processes)
+    if root is empty.
 
     A root recorded with other settings, or holding anything else, is never overwritten (DatasetError
     names the differing settings).
@@ -231,7 +380,7 @@ def ensure_sim_dataset(root: Path | str, config: DemoConfig, progress: Progress 
         marker=MARKER_PATH,
         generator=GENERATOR,
         config=config.to_json(),
-        generate=lambda target: generate_sim_dataset(target, config, progress=progress),
+        generate=lambda target: generate_sim_dataset(target, config, progress=progress, workers=workers),
         config_key="data.metaworld",
     )
 

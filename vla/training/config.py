@@ -222,9 +222,13 @@ class MetaWorldDataConfig:
     crf: int = 18
     action_noise: float = 0.0  # DART-style noise on the executed hand action; vla.sim.demos.DemoConfig
     hand_start_noise: float = 0.0  # metres; random hand starts in the recording; vla.sim.demos.DemoConfig
+    # Processes rolling out the expert while recording (0: one per CPU, at most 8). Not a setting of the
+    # recording: any number gives the same dataset, and a recording is reused whatever it was.
+    workers: int = 0
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.metaworld.")
+        _positive("data.metaworld.workers", self.workers, allow_zero=True)
         if not 0 <= self.action_noise <= 1:
             raise ValueError(
                 f"data.metaworld.action_noise must be in [0, 1] (action units), got {self.action_noise}"

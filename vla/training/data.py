@@ -47,7 +47,7 @@ def _generate(cfg: DataConfig, root: Path) -> None:
             print(
                 f"recording MetaWorld demonstrations into {root} (first use, a few minutes) ...", flush=True
             )
-        ensure_sim_dataset(root, demo_config(cfg))
+        ensure_sim_dataset(root, demo_config(cfg), workers=cfg.metaworld.workers)
         return
     s = cfg.synthetic
     synthetic = SyntheticConfig(
