@@ -41,13 +41,25 @@ def demo_config(cfg: DataConfig) -> Any:
 
 def _generate(cfg: DataConfig, root: Path) -> None:
     if cfg.source == "metaworld":
-        from vla.sim.demos import MARKER_PATH, ensure_sim_dataset
+        from vla.sim.demos import MARKER_PATH, auto_workers, ensure_sim_dataset
 
-        if not (root / MARKER_PATH).is_file():
+        fresh = not (root / MARKER_PATH).is_file()
+        workers = cfg.metaworld.workers or auto_workers()
+        if fresh:
             print(
-                f"recording MetaWorld demonstrations into {root} (first use, a few minutes) ...", flush=True
+                f"recording MetaWorld demonstrations into {root} (first use, {workers} process(es) rolling out "
+                "the experts: data.metaworld.workers) ...",
+                flush=True,
             )
-        ensure_sim_dataset(root, demo_config(cfg), workers=cfg.metaworld.workers)
+        start = time.perf_counter()
+        ensure_sim_dataset(root, demo_config(cfg), workers=workers)
+        if fresh:
+            m = cfg.metaworld
+            print(
+                f"recorded {m.episodes} episodes per task of {len(m.tasks)} task(s) in "
+                f"{time.perf_counter() - start:.0f} s; later runs with these data.metaworld settings reuse it",
+                flush=True,
+            )
         return
     s = cfg.synthetic
     synthetic = SyntheticConfig(
