@@ -103,6 +103,16 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
             "model.overrides={cameras: [workspace, workspace_top]}",
         ],
     ),
+    "side_camera": (
+        "the side view (vla.sim workspace_side: heights as image rows) instead of corner2",
+        [
+            "data.metaworld.cameras=[workspace_side,topview]",
+            "data.root=data/metaworld_side",
+            "data.camera_map={observation.images.workspace_side: workspace_side, observation.images.topview: "
+            "topview}",
+            "model.overrides={cameras: [workspace_side, topview]}",
+        ],
+    ),
     "horizon_8": ("8-step action chunks", ["model.overrides={action_horizon: 8}"]),
     "horizon_32": ("32-step action chunks", ["model.overrides={action_horizon: 32}"]),
 }

@@ -38,7 +38,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--cameras",
         default=",".join(defaults.cameras),
-        help="comma-separated cameras: MetaWorld's, or the workspace views of vla.sim (workspace, workspace_top)",
+        help="comma-separated cameras: MetaWorld's, or vla.sim's workspace views "
+        "(workspace, workspace_top, workspace_side)",
     )
     parser.add_argument("--root", type=Path, default=Path("data/metaworld"), help="dataset folder to create")
     parser.add_argument("--seed", type=int, default=defaults.seed, help="first expert seed of every task")

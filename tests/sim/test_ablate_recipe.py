@@ -24,6 +24,11 @@ def test_every_variant_composes_over_the_recipe() -> None:
     assert by_name["patch_8"].model.overrides == {"vision": {"patch_size": 8}}
     assert by_name["resolution_96"].data.metaworld.resolution == 96
     assert by_name["demos_100"].data.root != by_name["recipe"].data.root  # another recording, another root
+    side = by_name["side_camera"]
+    assert (
+        list(side.data.metaworld.cameras) == ["workspace_side", "topview"] == side.model.overrides["cameras"]
+    )
+    assert dict(side.data.camera_map) == {f"observation.images.{c}": c for c in side.data.metaworld.cameras}
 
 
 def _fake_run(run_dir: Path, successes: dict[str, int], step_s: float) -> None:

@@ -122,6 +122,38 @@ def _goal_pixels(image: np.ndarray) -> np.ndarray:
     return (g > 150) & (r < 100) & (b < 100)
 
 
+def _pick_place_goal_pixels(image: np.ndarray) -> np.ndarray:
+    """(H, W) mask of pick-place-v3's goal marker (pure blue; nothing else in the scene is)."""
+    r, g, b = (image[..., i].astype(int) for i in range(3))
+    return (b > 150) & (r < 100) & (g < 100)
+
+
+def test_side_view_reads_the_goal_height_that_the_other_views_mix_up() -> None:
+    """pick-place's goal floats 5-30 cm above the table. A linear map from the marker's pixel position to
+    the goal's height, fitted on 30 seeds, predicts 10 others with R² 0.99 in workspace_side, and only 0.69
+    in topview and 0.79 in workspace (measured; there image rows mix height with depth)."""
+    cameras = ("topview", "workspace", "workspace_side")
+    positions: dict[str, list[tuple[float, float, float]]] = {c: [] for c in cameras}
+    heights = []
+    with MetaWorldEnv("pick-place-v3", cameras, 64) as env:
+        for seed in range(40):
+            obs = env.reset(seed)
+            heights.append(env.layout(seed)[-1])  # the layout ends with the goal's (x, y, z)
+            for camera in cameras:
+                rows, cols = np.nonzero(_pick_place_goal_pixels(obs[f"observation.images.{camera}"]))
+                assert len(rows) >= 2, (camera, seed)
+                positions[camera].append((rows.mean(), cols.mean(), 1.0))
+    z = np.asarray(heights)
+    r2 = {}
+    for camera in cameras:
+        design = np.asarray(positions[camera])
+        coef, *_ = np.linalg.lstsq(design[:30], z[:30], rcond=None)
+        residual = design[30:] @ coef - z[30:]
+        r2[camera] = 1 - (residual**2).sum() / ((z[30:] - z[30:].mean()) ** 2).sum()
+    assert r2["workspace_side"] > 0.97, r2
+    assert r2["topview"] < 0.9 and r2["workspace"] < 0.9, r2
+
+
 def test_workspace_views_show_the_goal_many_times_larger_and_track_it() -> None:
     with MetaWorldEnv("push-v3", ("topview", "workspace", "workspace_top"), 64) as env:
         for seed in (0, 1):

@@ -83,6 +83,9 @@ FREE_VIEWS: dict[str, FreeView] = {
     "workspace": FreeView(lookat=(0.0, 0.72, 0.1), distance=0.75, azimuth=-90.0, elevation=-45.0),
     # straight down over the table (1 degree off vertical, where azimuth is still defined)
     "workspace_top": FreeView(lookat=(0.0, 0.72, 0.05), distance=0.75, azimuth=-90.0, elevation=-89.0),
+    # from the side (+x), 15 degrees down: a goal's height is its image row, which no other view gives
+    # directly (height is the axis every goal probe reads worst from corner2 / topview / workspace)
+    "workspace_side": FreeView(lookat=(0.0, 0.72, 0.12), distance=0.7, azimuth=180.0, elevation=-15.0),
 }
 CAMERAS = METAWORLD_CAMERAS + tuple(FREE_VIEWS)
 # MetaWorld's corner cameras render upside down.
