@@ -116,16 +116,11 @@ def test_first_frame_after_reset_shows_the_new_layout(task: str) -> None:
         )
 
 
-def _goal_pixels(image: np.ndarray) -> np.ndarray:
-    """(H, W) mask of push-v3's goal marker (pure green; nothing else in the scene is)."""
-    r, g, b = (image[..., i].astype(int) for i in range(3))
-    return (g > 150) & (r < 100) & (b < 100)
-
-
-def _pick_place_goal_pixels(image: np.ndarray) -> np.ndarray:
-    """(H, W) mask of pick-place-v3's goal marker (pure blue; nothing else in the scene is)."""
-    r, g, b = (image[..., i].astype(int) for i in range(3))
-    return (b > 150) & (r < 100) & (g < 100)
+def _goal_pixels(image: np.ndarray, channel: int = 1) -> np.ndarray:
+    """(H, W) mask of a goal marker of one pure colour: green (1) for push-v3, blue (2) for pick-place-v3;
+    nothing else in those scenes is."""
+    values = [image[..., i].astype(int) for i in range(3)]
+    return (values[channel] > 150) & np.all([values[i] < 100 for i in range(3) if i != channel], axis=0)
 
 
 def test_side_view_reads_the_goal_height_that_the_other_views_mix_up() -> None:
@@ -140,7 +135,7 @@ def test_side_view_reads_the_goal_height_that_the_other_views_mix_up() -> None:
             obs = env.reset(seed)
             heights.append(env.layout(seed)[-1])  # the layout ends with the goal's (x, y, z)
             for camera in cameras:
-                rows, cols = np.nonzero(_pick_place_goal_pixels(obs[f"observation.images.{camera}"]))
+                rows, cols = np.nonzero(_goal_pixels(obs[f"observation.images.{camera}"], channel=2))
                 assert len(rows) >= 2, (camera, seed)
                 positions[camera].append((rows.mean(), cols.mean(), 1.0))
     z = np.asarray(heights)
