@@ -76,6 +76,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "demonstrations from random hand starts (x, y +-10 cm, z 0-10 cm); evaluation from MetaWorld's",
         ["data.metaworld.hand_start_noise=0.1", "data.root=data/metaworld_start"],
     ),
+    "after_success_20": (
+        "demonstrations that go on 20 expert steps past their first success (staying at the goal)",
+        ["data.metaworld.steps_after_success=20", "data.root=data/metaworld_after20"],
+    ),
     "dart_noise_demos_200": (
         "DART-style demonstrations (std 0.3), 200 per task",
         [

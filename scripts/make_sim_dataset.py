@@ -72,6 +72,12 @@ def parse_args() -> argparse.Namespace:
         help="metres: each episode's hand starts off MetaWorld's start by x, y in [-r, r], z in [0, r]",
     )
     parser.add_argument(
+        "--steps-after-success",
+        type=int,
+        default=defaults.steps_after_success,
+        help="expert steps recorded past each episode's first success (0: episodes end at it)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=0,
@@ -96,6 +102,7 @@ def main() -> int:
             crf=args.crf,
             action_noise=args.action_noise,
             hand_start_noise=args.hand_start_noise,
+            steps_after_success=args.steps_after_success,
         )
         start = time.perf_counter()
         columns = (

@@ -99,6 +99,11 @@ CASES = [
         "data.metaworld.hand_start_noise",
     ),
     ("bad_record_workers", ["data=metaworld", "data.metaworld.workers=-2"], "data.metaworld.workers"),
+    (
+        "steps_after_success_past_episode",
+        ["data=metaworld", "data.metaworld.steps_after_success=200"],
+        "data.metaworld.steps_after_success (200) must be below",
+    ),
     # Trainer, trackers, compile
     ("unknown_tracker", ["trainer.tracker=csv"], "trainer.tracker"),
     ("unknown_wandb_mode", ["trainer.wandb_mode=cloud"], "trainer.wandb_mode"),
@@ -175,6 +180,9 @@ SCRIPT_CASES = [
      "action_noise must be in [0, 1]"),
     ("sim_dataset_bad_hand_start", ["scripts/make_sim_dataset.py", "--hand-start-noise", "-1", "--root", "TMP/d"],
      "hand_start_noise must be in [0, 0.2]"),
+    ("sim_dataset_bad_steps_after_success",
+     ["scripts/make_sim_dataset.py", "--steps-after-success", "-3", "--root", "TMP/d"],
+     "steps_after_success must be in [0, max_episode_steps=200)"),
     ("sim_dataset_bad_workers", ["scripts/make_sim_dataset.py", "--workers", "-1", "--root", "TMP/d"],
      "workers must be an int >= 0"),
     ("sim_dataset_zero_episodes", ["scripts/make_sim_dataset.py", "--episodes", "0", "--root", "TMP/d"],

@@ -24,6 +24,8 @@ def test_every_variant_composes_over_the_recipe() -> None:
     assert by_name["patch_8"].model.overrides == {"vision": {"patch_size": 8}}
     assert by_name["resolution_96"].data.metaworld.resolution == 96
     assert by_name["demos_100"].data.root != by_name["recipe"].data.root  # another recording, another root
+    after = by_name["after_success_20"].data
+    assert after.metaworld.steps_after_success == 20 and after.root != by_name["recipe"].data.root
     side = by_name["side_camera"]
     assert (
         list(side.data.metaworld.cameras) == ["workspace_side", "topview"] == side.model.overrides["cameras"]

@@ -129,3 +129,33 @@ def test_random_hand_starts_move_the_first_frame_and_keep_the_layout(tmp_path) -
         np.testing.assert_array_equal(env.reset(4)["observation.state"][:3], home)  # the offset is not kept
         with pytest.raises(Exception, match="hand_offset must be 3 finite metres"):
             env.reset(4, np.array([0.0, np.nan, 0.0]))
+
+
+def test_steps_after_success_extend_an_episode_past_its_success(tmp_path) -> None:
+    """steps_after_success=N: the episode's first frames are those of the plain recording, then N more
+    expert steps (every one still a success, and the expert's actions shrink: it settles at the goal);
+    N is capped by max_episode_steps; settings without it keep their old JSON."""
+    from vla.sim.demos import _rollout
+
+    assert "steps_after_success" not in DemoConfig().to_json()
+    assert DemoConfig(steps_after_success=20).to_json()["steps_after_success"] == 20
+    for bad in (-1, 200, 1.5):
+        with pytest.raises(Exception, match=r"steps_after_success must be"):
+            DemoConfig(steps_after_success=bad)
+    with MetaWorldEnv("reach-v3", ("corner2",), 16) as env:
+        plain, ok = _rollout(env, 3)
+        held, held_ok = _rollout(env, 3, steps_after_success=20)
+        assert ok and held_ok and len(held) == len(plain) + 20
+        for a, b in zip(plain, held):
+            np.testing.assert_array_equal(a["action"], b["action"])
+            np.testing.assert_array_equal(a["observation.images.corner2"], b["observation.images.corner2"])
+        # after the first success the expert stays at the goal: still a success, ever smaller moves
+        env.reset(3)
+        for frame in held[: len(plain)]:
+            env.step(frame["action"], observe=False)
+        for frame in held[len(plain) :]:
+            assert env.step(frame["action"], observe=False).success
+        moves = np.abs(np.stack([f["action"][:3] for f in held[len(plain) - 1 :]])).max(1)
+        assert moves[-1] < 0.5 * moves[0]
+        capped, capped_ok = _rollout(env, 3, steps_after_success=199)
+        assert capped_ok and len(capped) == env.max_episode_steps == 200

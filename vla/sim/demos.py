@@ -9,7 +9,11 @@ expert's clean action as its label, so the data shows how the expert recovers fr
 own path. With `hand_start_noise` > 0 every episode starts with the hand moved from the task's start by
 a random offset (x, y in [-r, r], z in [0, r]: upward only, so it never starts inside an object), so the
 hand's position alone no longer tells the direction to the goal and a policy has to read the goal from
-its images; evaluation keeps MetaWorld's start. Every kept episode's seed is recorded in
+its images; evaluation keeps MetaWorld's start. With `steps_after_success` = N > 0 the expert goes on for
+N more steps after the first success (within max_episode_steps), so the data show what to do once at the
+goal (stay there) instead of ending where the success radius is first crossed: without them a policy's
+last chunks are all padding, and one that comes within millimetres of the radius keeps moving past the
+goal. Every kept episode's seed is recorded in
 meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
 rate per task is recorded beside it.
 
@@ -91,6 +95,8 @@ class DemoConfig:
     # Half-width r (metres) of the random offset of the hand's start in each recorded episode (module
     # docstring). Measured (scripts/ablate_recipe.py, variant random_start): see the README's ablation table.
     hand_start_noise: float = 0.0
+    # Expert steps recorded after the first success (module docstring); 0 ends an episode at its success.
+    steps_after_success: int = 0
 
     def __post_init__(self) -> None:
         self.tasks = parse_tasks(self.tasks)
@@ -109,6 +115,13 @@ class DemoConfig:
             raise SimError(
                 f"hand_start_noise must be in [0, {MAX_HAND_START_NOISE}] metres, got {self.hand_start_noise}"
             )
+        if isinstance(self.steps_after_success, bool) or not isinstance(self.steps_after_success, int):
+            raise SimError(f"steps_after_success must be an int >= 0, got {self.steps_after_success!r}")
+        if not 0 <= self.steps_after_success < self.max_episode_steps:
+            raise SimError(
+                f"steps_after_success must be in [0, max_episode_steps={self.max_episode_steps}), "
+                f"got {self.steps_after_success}"
+            )
 
     @property
     def attempts(self) -> int:
@@ -117,7 +130,7 @@ class DemoConfig:
     def to_json(self) -> dict[str, Any]:
         settings = asdict(self) | {"recorder": RECORDER_VERSION}
         # Recordings made before these settings existed had neither: they stay reusable.
-        for name in ("action_noise", "hand_start_noise"):
+        for name in ("action_noise", "hand_start_noise", "steps_after_success"):
             if settings[name] == 0:
                 del settings[name]
         return settings
@@ -256,7 +269,9 @@ class _Rollouts:
         if self._pool is None:
             with MetaWorldEnv(task, c.cameras, c.resolution, c.max_episode_steps) as env:
                 for seed in seeds:
-                    frames, success = _rollout(env, seed, c.action_noise, c.hand_start_noise)
+                    frames, success = _rollout(
+                        env, seed, c.action_noise, c.hand_start_noise, c.steps_after_success
+                    )
                     yield seed, env.instruction, frames, success
             return
         pending: deque[tuple[int, Future[Episode]]] = deque()
@@ -315,7 +330,9 @@ def _worker_rollout(config: DemoConfig, task: str, seed: int) -> Episode:
     if _worker_env is None or _worker_env.task != task:
         _close_worker_env()
         _worker_env = MetaWorldEnv(task, config.cameras, config.resolution, config.max_episode_steps)
-    frames, success = _rollout(_worker_env, seed, config.action_noise, config.hand_start_noise)
+    frames, success = _rollout(
+        _worker_env, seed, config.action_noise, config.hand_start_noise, config.steps_after_success
+    )
     return seed, _worker_env.instruction, frames, success
 
 
@@ -328,14 +345,20 @@ def hand_start_offset(seed: int, hand_start_noise: float) -> np.ndarray | None:
 
 
 def _rollout(
-    env: MetaWorldEnv, seed: int, action_noise: float = 0.0, hand_start_noise: float = 0.0
+    env: MetaWorldEnv,
+    seed: int,
+    action_noise: float = 0.0,
+    hand_start_noise: float = 0.0,
+    steps_after_success: int = 0,
 ) -> tuple[list[dict[str, Any]], bool]:
     """The expert's episode on `seed`: frames (observation + clean expert action) up to the first
-    success; the hand starts at `hand_start_offset` and the executed action carries `action_noise`
-    (both seeded by `seed`, so a recording replays)."""
+    success and `steps_after_success` steps beyond it (fewer where max_episode_steps ends the episode
+    first); success: whether it was reached. The hand starts at `hand_start_offset` and the executed
+    action carries `action_noise` (both seeded by `seed`, so a recording replays)."""
     observation = env.reset(seed, hand_start_offset(seed, hand_start_noise))
     noise = np.random.default_rng([seed, 0xDA27])
     frames = []
+    steps_left: int | None = None  # counts down once the episode has succeeded
     while True:
         action = env.expert_action()
         frame = {k: v for k, v in observation.items() if k != "task"}
@@ -346,8 +369,13 @@ def _rollout(
             executed = action.copy()
             executed[:3] += noise.normal(0.0, action_noise, size=3).astype(np.float32)
         step = env.step(executed)
-        if step.done:
-            return frames, step.success
+        if step.success and steps_left is None:
+            steps_left = steps_after_success
+        at_limit = env.steps >= env.max_episode_steps
+        if steps_left == 0 or at_limit:
+            return frames, steps_left is not None
+        if steps_left is not None:
+            steps_left -= 1
         observation = step.observation
 
 

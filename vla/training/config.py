@@ -222,6 +222,7 @@ class MetaWorldDataConfig:
     crf: int = 18
     action_noise: float = 0.0  # DART-style noise on the executed hand action; vla.sim.demos.DemoConfig
     hand_start_noise: float = 0.0  # metres; random hand starts in the recording; vla.sim.demos.DemoConfig
+    steps_after_success: int = 0  # expert steps recorded past the first success; vla.sim.demos.DemoConfig
     # Processes rolling out the expert while recording (0: one per CPU, at most 8). Not a setting of the
     # recording: any number gives the same dataset, and a recording is reused whatever it was.
     workers: int = 0
@@ -239,6 +240,12 @@ class MetaWorldDataConfig:
                 f"data.metaworld.hand_start_noise must be in [0, 0.2] metres, got {self.hand_start_noise}"
             )
         _choice("data.metaworld.codec", self.codec, ("av1", "h264"))
+        _positive("data.metaworld.steps_after_success", self.steps_after_success, allow_zero=True)
+        if self.steps_after_success >= self.max_episode_steps:
+            raise ValueError(
+                f"data.metaworld.steps_after_success ({self.steps_after_success}) must be below "
+                f"data.metaworld.max_episode_steps ({self.max_episode_steps})"
+            )
         _positive("data.metaworld.episodes", self.episodes)
         _positive("data.metaworld.resolution", self.resolution)
         _positive("data.metaworld.max_episode_steps", self.max_episode_steps)

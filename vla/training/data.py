@@ -36,6 +36,7 @@ def demo_config(cfg: DataConfig) -> Any:
         crf=m.crf,
         action_noise=m.action_noise,
         hand_start_noise=m.hand_start_noise,
+        steps_after_success=m.steps_after_success,
     )
 
 
