@@ -358,7 +358,7 @@ def _rollout(
     observation = env.reset(seed, hand_start_offset(seed, hand_start_noise))
     noise = np.random.default_rng([seed, 0xDA27])
     frames = []
-    steps_left: int | None = None  # counts down once the episode has succeeded
+    first_success: int | None = None  # env.steps at the first success
     while True:
         action = env.expert_action()
         frame = {k: v for k, v in observation.items() if k != "task"}
@@ -369,13 +369,11 @@ def _rollout(
             executed = action.copy()
             executed[:3] += noise.normal(0.0, action_noise, size=3).astype(np.float32)
         step = env.step(executed)
-        if step.success and steps_left is None:
-            steps_left = steps_after_success
-        at_limit = env.steps >= env.max_episode_steps
-        if steps_left == 0 or at_limit:
-            return frames, steps_left is not None
-        if steps_left is not None:
-            steps_left -= 1
+        if step.success and first_success is None:
+            first_success = env.steps
+        held_long_enough = first_success is not None and env.steps - first_success >= steps_after_success
+        if held_long_enough or env.steps >= env.max_episode_steps:
+            return frames, first_success is not None
         observation = step.observation
 
 
