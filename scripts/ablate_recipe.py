@@ -80,6 +80,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
         "demonstrations that go on 20 expert steps past their first success (staying at the goal)",
         ["data.metaworld.steps_after_success=20", "data.root=data/metaworld_after20"],
     ),
+    "expert_tcp": (
+        "reach's expert steers the tool centre point (what success measures) onto the goal, not the hand",
+        ["data.metaworld.expert_aims_tcp=true", "data.root=data/metaworld_tcp"],
+    ),
     "dart_noise_demos_200": (
         "DART-style demonstrations (std 0.3), 200 per task",
         [

@@ -78,6 +78,11 @@ def parse_args() -> argparse.Namespace:
         help="expert steps recorded past each episode's first success (0: episodes end at it)",
     )
     parser.add_argument(
+        "--expert-aims-tcp",
+        action="store_true",
+        help="reach experts steer the tool centre point (what success measures) onto the goal, not the hand",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=0,
@@ -103,6 +108,7 @@ def main() -> int:
             action_noise=args.action_noise,
             hand_start_noise=args.hand_start_noise,
             steps_after_success=args.steps_after_success,
+            expert_aims_tcp=args.expert_aims_tcp,
         )
         start = time.perf_counter()
         columns = (

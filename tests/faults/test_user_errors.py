@@ -104,6 +104,11 @@ CASES = [
         ["data=metaworld", "data.metaworld.steps_after_success=200"],
         "data.metaworld.steps_after_success (200) must be below",
     ),
+    (
+        "expert_aims_tcp_not_a_bool",
+        ["data=metaworld", "data.metaworld.expert_aims_tcp=maybe"],
+        "data.metaworld.expert_aims_tcp",
+    ),
     # Trainer, trackers, compile
     ("unknown_tracker", ["trainer.tracker=csv"], "trainer.tracker"),
     ("unknown_wandb_mode", ["trainer.wandb_mode=cloud"], "trainer.wandb_mode"),

@@ -26,6 +26,9 @@ def test_every_variant_composes_over_the_recipe() -> None:
     assert by_name["demos_100"].data.root != by_name["recipe"].data.root  # another recording, another root
     after = by_name["after_success_20"].data
     assert after.metaworld.steps_after_success == 20 and after.root != by_name["recipe"].data.root
+    tcp = by_name["expert_tcp"].data
+    assert tcp.metaworld.expert_aims_tcp and not by_name["recipe"].data.metaworld.expert_aims_tcp
+    assert tcp.root != by_name["recipe"].data.root
     side = by_name["side_camera"]
     assert (
         list(side.data.metaworld.cameras) == ["workspace_side", "topview"] == side.model.overrides["cameras"]

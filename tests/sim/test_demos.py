@@ -159,3 +159,22 @@ def test_steps_after_success_extend_an_episode_past_its_success(tmp_path) -> Non
         assert moves[-1] < 0.5 * moves[0]
         capped, capped_ok = _rollout(env, 3, steps_after_success=199)
         assert capped_ok and len(capped) == env.max_episode_steps == 200
+
+
+def test_expert_aims_tcp_is_a_recorded_setting_that_changes_reach_labels() -> None:
+    """expert_aims_tcp: the reach labels are the tcp-aimed expert's (the episode reaches success sooner,
+    as it heads for the middle of the success sphere); settings without it keep their old JSON."""
+    from vla.sim.demos import _rollout
+
+    assert "expert_aims_tcp" not in DemoConfig().to_json()
+    assert DemoConfig(expert_aims_tcp=True).to_json()["expert_aims_tcp"] is True
+    with pytest.raises(Exception, match=r"expert_aims_tcp must be true or false"):
+        DemoConfig(expert_aims_tcp="yes")
+    with MetaWorldEnv("reach-v3", ("corner2",), 16) as env:
+        plain, ok = _rollout(env, 3)
+        aimed, aimed_ok = _rollout(env, 3, expert_aims_tcp=True)
+        assert ok and aimed_ok and len(aimed) < len(plain)
+        np.testing.assert_array_equal(plain[0]["observation.state"], aimed[0]["observation.state"])
+        env.reset(3)
+        np.testing.assert_array_equal(aimed[0]["action"], env.expert_action(aim_tcp=True))
+        assert not np.array_equal(aimed[0]["action"], plain[0]["action"])

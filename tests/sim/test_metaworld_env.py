@@ -52,6 +52,30 @@ def test_expert_succeeds_and_done_at_success() -> None:
         assert step.success and env.steps < 150
 
 
+@pytest.mark.parametrize("task", ["reach-v3", "reach-wall-v3"])
+def test_reach_expert_aimed_at_the_tcp_settles_on_the_goal(task: str) -> None:
+    """MetaWorld's reach expert settles with the hand on the goal, the tool centre point (what success
+    measures) 4.4 cm off it, just inside the 5 cm radius; aim_tcp=True brings the tcp within 1 cm."""
+    with MetaWorldEnv(task, ("corner2",), 16, max_episode_steps=150) as env:
+        for seed in (3, 4):
+            settled = {}
+            for aim in (False, True):
+                env.reset(seed)
+                for _ in range(120):
+                    env.step(env.expert_action(aim_tcp=aim), observe=False)
+                settled[aim] = np.linalg.norm(env._env.tcp_center - env._env._target_pos)
+            assert 0.035 < settled[False] <= 0.05 and settled[True] < 0.01
+
+
+def test_aim_tcp_leaves_other_experts_alone() -> None:
+    with MetaWorldEnv("push-v3", ("corner2",), 16) as env:
+        env.reset(5)
+        for _ in range(10):
+            action = env.expert_action()
+            np.testing.assert_array_equal(action, env.expert_action(aim_tcp=True))
+            env.step(action, observe=False)
+
+
 def test_cap_ends_episode_and_bad_actions_raise() -> None:
     with MetaWorldEnv("reach-v3", ("corner2",), 32, max_episode_steps=3) as env:
         with pytest.raises(SimError, match="reset"):

@@ -13,7 +13,9 @@ its images; evaluation keeps MetaWorld's start. With `steps_after_success` = N >
 N more steps after the first success (within max_episode_steps), so the data show what to do once at the
 goal (stay there) instead of ending where the success radius is first crossed: without them a policy's
 last chunks are all padding, and one that comes within millimetres of the radius keeps moving past the
-goal. Every kept episode's seed is recorded in
+goal. With `expert_aims_tcp` the reach experts steer the tool centre point, which success is measured on,
+onto the goal instead of the hand 4.5 cm above it (vla.sim.metaworld_env, "Reach's expert"), so their
+demonstrations head for the middle of the success sphere, not for its edge. Every kept episode's seed is recorded in
 meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
 rate per task is recorded beside it.
 
@@ -97,6 +99,9 @@ class DemoConfig:
     hand_start_noise: float = 0.0
     # Expert steps recorded after the first success (module docstring); 0 ends an episode at its success.
     steps_after_success: int = 0
+    # Reach experts aim the tool centre point at the goal, not the hand (module docstring); other tasks
+    # are recorded as without it.
+    expert_aims_tcp: bool = False
 
     def __post_init__(self) -> None:
         self.tasks = parse_tasks(self.tasks)
@@ -122,6 +127,8 @@ class DemoConfig:
                 f"steps_after_success must be in [0, max_episode_steps={self.max_episode_steps}), "
                 f"got {self.steps_after_success}"
             )
+        if not isinstance(self.expert_aims_tcp, bool):
+            raise SimError(f"expert_aims_tcp must be true or false, got {self.expert_aims_tcp!r}")
 
     @property
     def attempts(self) -> int:
@@ -130,7 +137,7 @@ class DemoConfig:
     def to_json(self) -> dict[str, Any]:
         settings = asdict(self) | {"recorder": RECORDER_VERSION}
         # Recordings made before these settings existed had neither: they stay reusable.
-        for name in ("action_noise", "hand_start_noise", "steps_after_success"):
+        for name in ("action_noise", "hand_start_noise", "steps_after_success", "expert_aims_tcp"):
             if settings[name] == 0:
                 del settings[name]
         return settings
@@ -270,7 +277,12 @@ class _Rollouts:
             with MetaWorldEnv(task, c.cameras, c.resolution, c.max_episode_steps) as env:
                 for seed in seeds:
                     frames, success = _rollout(
-                        env, seed, c.action_noise, c.hand_start_noise, c.steps_after_success
+                        env,
+                        seed,
+                        c.action_noise,
+                        c.hand_start_noise,
+                        c.steps_after_success,
+                        c.expert_aims_tcp,
                     )
                     yield seed, env.instruction, frames, success
             return
@@ -331,7 +343,12 @@ def _worker_rollout(config: DemoConfig, task: str, seed: int) -> Episode:
         _close_worker_env()
         _worker_env = MetaWorldEnv(task, config.cameras, config.resolution, config.max_episode_steps)
     frames, success = _rollout(
-        _worker_env, seed, config.action_noise, config.hand_start_noise, config.steps_after_success
+        _worker_env,
+        seed,
+        config.action_noise,
+        config.hand_start_noise,
+        config.steps_after_success,
+        config.expert_aims_tcp,
     )
     return seed, _worker_env.instruction, frames, success
 
@@ -350,17 +367,19 @@ def _rollout(
     action_noise: float = 0.0,
     hand_start_noise: float = 0.0,
     steps_after_success: int = 0,
+    expert_aims_tcp: bool = False,
 ) -> tuple[list[dict[str, Any]], bool]:
     """The expert's episode on `seed`: frames (observation + clean expert action) up to the first
     success and `steps_after_success` steps beyond it (fewer where max_episode_steps ends the episode
     first); success: whether it was reached. The hand starts at `hand_start_offset` and the executed
-    action carries `action_noise` (both seeded by `seed`, so a recording replays)."""
+    action carries `action_noise` (both seeded by `seed`, so a recording replays); `expert_aims_tcp`:
+    MetaWorldEnv.expert_action's aim_tcp."""
     observation = env.reset(seed, hand_start_offset(seed, hand_start_noise))
     noise = np.random.default_rng([seed, 0xDA27])
     frames = []
     first_success: int | None = None  # env.steps at the first success
     while True:
-        action = env.expert_action()
+        action = env.expert_action(aim_tcp=expert_aims_tcp)
         frame = {k: v for k, v in observation.items() if k != "task"}
         frame["action"] = action
         frames.append(frame)

@@ -24,6 +24,12 @@ First frame: MetaWorld 3.1.1's reset leaves the goal site and the task bodies wh
 put them until the next `mj_forward`; `reset` runs one, so the first image and observation of an episode
 show its own layout (datasets recorded before this fix carry the stale frame: vla.sim.demos versions them).
 
+Reach's expert: MetaWorld's reach experts (TCP_GOAL_TASKS) drive the hand position of the observation
+onto the goal, but success is the distance of the tool centre point (between the fingertips, 4.5 cm
+below that hand position) to the goal, <= 5 cm: the expert settles 4.4 cm from the goal, 6 mm inside the
+radius, so its demonstrations show no margin. `expert_action(aim_tcp=True)` steers the tool centre
+point onto the goal instead (measured: it settles within 1 cm of it, tests/sim/test_metaworld_env.py).
+
 Seeding: MetaWorld ignores `reset(seed=...)`, and goal-observable envs freeze object and goal positions
 after construction. `reset(seed)` unfreezes them and seeds the env's generator, so one seed gives
 bit-identical observations and images in any env instance, and different seeds different layouts.
@@ -94,6 +100,9 @@ STATE_NAMES = ["hand_x", "hand_y", "hand_z", "gripper"]
 ACTION_NAMES = ["dx", "dy", "dz", "gripper"]
 STATE_DIM, ACTION_DIM = len(STATE_NAMES), len(ACTION_NAMES)
 MAX_PATH_LENGTH = 500  # MetaWorld's own episode cap
+# Tasks whose success is the tool centre point within 5 cm of the goal and whose expert steers the
+# hand onto the goal (module docstring, "Reach's expert").
+TCP_GOAL_TASKS = ("reach-v3", "reach-wall-v3")
 CONTROL_FPS = 80  # MetaWorld steps 5 x 2.5 ms of simulation per action
 
 
@@ -287,13 +296,23 @@ class MetaWorldEnv:
         observation = self.observation() if observe else None
         return SimStep(observation, success, success or self.steps >= self.max_episode_steps)
 
-    def expert_action(self) -> np.ndarray:
-        """The scripted expert's (4,) float32 action for the current state, clipped to [-1, 1]."""
+    def expert_action(self, aim_tcp: bool = False) -> np.ndarray:
+        """The scripted expert's (4,) float32 action for the current state, clipped to [-1, 1].
+
+        aim_tcp: in the tasks of TCP_GOAL_TASKS, steer the tool centre point onto the goal instead of
+        the hand (module docstring); no effect in other tasks.
+        """
         if self._raw is None:
             raise SimError("call reset(seed) before expert_action()")
+        raw = self._raw
+        if aim_tcp and self.task in TCP_GOAL_TASKS:
+            # The expert drives obs[:3] (the hand) to obs[-3:] (the goal): moving the goal it is shown by
+            # hand - tcp makes the tcp, which success is measured on, end on the real goal.
+            raw = raw.copy()
+            raw[-3:] += raw[:3] - self._env.tcp_center
         with warnings.catch_warnings():  # experts exceed the action range and warn about it
             warnings.simplefilter("ignore")
-            action = self._expert.get_action(self._raw)
+            action = self._expert.get_action(raw)
         return np.clip(np.asarray(action, dtype=np.float32), -1.0, 1.0)
 
     # -- observation -----------------------------------------------------------------------------

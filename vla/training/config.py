@@ -223,6 +223,7 @@ class MetaWorldDataConfig:
     action_noise: float = 0.0  # DART-style noise on the executed hand action; vla.sim.demos.DemoConfig
     hand_start_noise: float = 0.0  # metres; random hand starts in the recording; vla.sim.demos.DemoConfig
     steps_after_success: int = 0  # expert steps recorded past the first success; vla.sim.demos.DemoConfig
+    expert_aims_tcp: bool = False  # reach experts aim the tcp at the goal; vla.sim.demos.DemoConfig
     # Processes rolling out the expert while recording (0: one per CPU, at most 8). Not a setting of the
     # recording: any number gives the same dataset, and a recording is reused whatever it was.
     workers: int = 0

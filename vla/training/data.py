@@ -37,6 +37,7 @@ def demo_config(cfg: DataConfig) -> Any:
         action_noise=m.action_noise,
         hand_start_noise=m.hand_start_noise,
         steps_after_success=m.steps_after_success,
+        expert_aims_tcp=m.expert_aims_tcp,
     )
 
 
