@@ -15,8 +15,8 @@ goal (stay there) instead of ending where the success radius is first crossed: w
 last chunks are all padding, and one that comes within millimetres of the radius keeps moving past the
 goal. With `expert_aims_tcp` the reach experts steer the tool centre point, which success is measured on,
 onto the goal instead of the hand 4.5 cm above it (vla.sim.metaworld_env, "Reach's expert"), so their
-demonstrations head for the middle of the success sphere, not for its edge. Every kept episode's seed is recorded in
-meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
+demonstrations head for the middle of the success sphere, not for its edge. Every kept episode's seed is
+recorded in meta/metaworld.json, so evaluation can use seeds that were never trained on, and the expert's success
 rate per task is recorded beside it.
 
 With workers > 1 the rollouts run in that many processes (each with its own simulator) while this process
@@ -136,7 +136,7 @@ class DemoConfig:
 
     def to_json(self) -> dict[str, Any]:
         settings = asdict(self) | {"recorder": RECORDER_VERSION}
-        # Recordings made before these settings existed had neither: they stay reusable.
+        # Recordings made before these settings existed had none of them: they stay reusable.
         for name in ("action_noise", "hand_start_noise", "steps_after_success", "expert_aims_tcp"):
             if settings[name] == 0:
                 del settings[name]
