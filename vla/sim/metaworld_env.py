@@ -27,8 +27,9 @@ show its own layout (datasets recorded before this fix carry the stale frame: vl
 Reach's expert: MetaWorld's reach experts (TCP_GOAL_TASKS) drive the hand position of the observation
 onto the goal, but success is the distance of the tool centre point (between the fingertips, 4.5 cm
 below that hand position) to the goal, <= 5 cm: the expert settles 4.3 cm from the goal on average (at
-most 4.7 cm, 10 seeds), just inside the radius, so its demonstrations show no margin. `expert_action(aim_tcp=True)` steers the tool centre
-point onto the goal instead (measured: it settles within 1 cm of it, tests/sim/test_metaworld_env.py).
+most 4.7 cm, 10 seeds), just inside the radius, so its demonstrations show no margin.
+`expert_action(aim_tcp=True)` steers the tool centre point onto the goal instead (measured: it settles
+within 1 cm of it, tests/sim/test_metaworld_env.py).
 
 Seeding: MetaWorld ignores `reset(seed=...)`, and goal-observable envs freeze object and goal positions
 after construction. `reset(seed)` unfreezes them and seeds the env's generator, so one seed gives
