@@ -76,6 +76,26 @@ def test_training_seeds_are_refused(tmp_path, sim_dataset) -> None:
         closed_loop_evaluation(cfg, None, None, False, None)  # type: ignore[arg-type]
 
 
+def test_training_seeds_are_refused_before_the_first_step(tmp_path, sim_dataset) -> None:
+    """The trainer checks every evaluation's seeds (final_episodes too) when it starts, not at the first
+    evaluation minutes in: the recording's reach seeds are 5 and 6."""
+    from accelerate.state import AcceleratorState
+
+    from vla.training.cli import compose
+    from vla.training.closed_loop import check_closed_loop_seeds
+    from vla.training.loop import Trainer
+
+    base = [*TINY_SIM, f"data.root={sim_dataset}", "trainer.closed_loop.seed=3"]
+    check_closed_loop_seeds(compose(base))  # seeds 3 and 4: unseen
+    final = [*base, "trainer.closed_loop.final_episodes=3", f"output_dir={tmp_path / 'run'}"]
+    with pytest.raises(ValueError, match=r"seed=3: seeds \[5\] of reach-v3 are training demonstrations"):
+        check_closed_loop_seeds(compose(final))
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(ValueError, match=r"seed >= 7"):
+        Trainer(compose(final))
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before any step was taken
+
+
 @pytest.mark.slow
 @pytest.mark.multiproc
 def test_fsdp2_run_splits_episodes_and_matches_one_process(tmp_path, sim_dataset) -> None:

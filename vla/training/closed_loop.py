@@ -35,6 +35,32 @@ def local_policy_copy(model: nn.Module, sharded: bool) -> nn.Module:
     return policy.eval()
 
 
+def check_closed_loop_seeds(cfg: TrainConfig) -> None:
+    """Refuse evaluation seeds that overlap the recorded demonstrations' seeds (ValueError naming the key).
+
+    Covers every closed-loop evaluation of the run (trainer.closed_loop.episodes and final_episodes), so
+    the trainer calls it once the dataset exists, before the first step, not when the first evaluation
+    comes round minutes into training. A no-op unless the run evaluates MetaWorld policies.
+    """
+    settings_cfg = cfg.trainer.closed_loop
+    if cfg.data.source != "metaworld" or settings_cfg.episodes == 0:
+        return
+    from vla.sim import parse_tasks
+    from vla.sim.demos import training_seeds
+
+    count = max(settings_cfg.episodes, settings_cfg.final_episodes or 0)
+    seeds = set(range(settings_cfg.seed, settings_cfg.seed + count))
+    trained = training_seeds(cfg.data.root)
+    for task in parse_tasks(list(settings_cfg.tasks or cfg.data.metaworld.tasks)):
+        overlap = sorted(seeds & trained.get(task, set()))
+        if overlap:
+            raise ValueError(
+                f"trainer.closed_loop.seed={settings_cfg.seed}: seeds {overlap[:5]} of {task} are training "
+                f"demonstrations (data.root {cfg.data.root}); set trainer.closed_loop.seed >= "
+                f"{max(trained[task]) + 1}"
+            )
+
+
 def closed_loop_evaluation(
     cfg: TrainConfig,
     model: nn.Module,
@@ -59,7 +85,6 @@ def closed_loop_evaluation(
     )
     from vla.eval.policy_runner import PolicyActor
     from vla.sim import parse_tasks
-    from vla.sim.demos import training_seeds
 
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     recorded = cfg.data.metaworld
@@ -73,14 +98,7 @@ def closed_loop_evaluation(
     )
     count = settings_cfg.episodes if episodes is None else episodes
     seeds = list(range(settings_cfg.seed, settings_cfg.seed + count))
-    trained = training_seeds(cfg.data.root)
-    for task in tasks:
-        overlap = sorted(set(seeds) & trained.get(task, set()))
-        if overlap:
-            raise ValueError(
-                f"trainer.closed_loop.seed={settings_cfg.seed}: seeds {overlap[:5]} of {task} are training "
-                f"demonstrations; set trainer.closed_loop.seed >= {max(trained[task]) + 1}"
-            )
+    check_closed_loop_seeds(cfg)
     policy = local_policy_copy(model, sharded)
     actor = PolicyActor(policy, processor, name=cfg.run_name, seed=settings_cfg.seed)
     mine = seeds[rank::world]

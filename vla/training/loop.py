@@ -167,6 +167,7 @@ class Trainer:
         trainer = cfg.trainer
         # Cheap checks first (metadata, memory): a run that cannot work fails before the model is built.
         from vla.models.factory import resolve_config
+        from vla.training.closed_loop import check_closed_loop_seeds
         from vla.training.data import check_tokenizer, resolve_hub_dataset, resolve_weights
         from vla.training.preflight import check_dataset_before_model, check_memory
 
@@ -219,6 +220,8 @@ class Trainer:
             device=self.device,
         )
         _set_action_dim_from_data(policy, self.data.processor.action_dim)
+        # the dataset exists now (recorded if it had to be): its seeds against every evaluation's, before step 1
+        check_closed_loop_seeds(cfg)
         optimizer = build_optimizer(cfg.optim, policy)
         self.routing = _describe_routing(optimizer)
         self._compile_note = None
