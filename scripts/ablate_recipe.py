@@ -121,6 +121,16 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
             "model.overrides={cameras: [workspace_side, topview]}",
         ],
     ),
+    "wrist_camera": (
+        "the workspace view + MetaWorld's gripperPOV (a camera on the hand) instead of corner2 + topview",
+        [
+            "data.metaworld.cameras=[workspace,gripperPOV]",
+            "data.root=data/metaworld_wrist",
+            "data.camera_map={observation.images.workspace: workspace, observation.images.gripperPOV: "
+            "gripperPOV}",
+            "model.overrides={cameras: [workspace, gripperPOV]}",
+        ],
+    ),
     "horizon_8": ("8-step action chunks", ["model.overrides={action_horizon: 8}"]),
     "horizon_32": ("32-step action chunks", ["model.overrides={action_horizon: 32}"]),
 }

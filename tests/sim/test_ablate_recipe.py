@@ -34,6 +34,12 @@ def test_every_variant_composes_over_the_recipe() -> None:
         list(side.data.metaworld.cameras) == ["workspace_side", "topview"] == side.model.overrides["cameras"]
     )
     assert dict(side.data.camera_map) == {f"observation.images.{c}": c for c in side.data.metaworld.cameras}
+    wrist = by_name["wrist_camera"]
+    assert (
+        list(wrist.data.metaworld.cameras) == ["workspace", "gripperPOV"] == wrist.model.overrides["cameras"]
+    )
+    assert dict(wrist.data.camera_map) == {f"observation.images.{c}": c for c in wrist.data.metaworld.cameras}
+    assert wrist.data.root not in (side.data.root, by_name["recipe"].data.root)
 
 
 def _fake_run(run_dir: Path, successes: dict[str, int], step_s: float) -> None:
