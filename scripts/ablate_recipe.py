@@ -337,9 +337,16 @@ def plot(rows: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, curve in curves.items():
-        by_step.plot(curve["steps"], curve["mean"], marker="o", label=name, lw=2 if name == "recipe" else 1)
-        by_time.plot(curve["seconds"], curve["mean"], marker="o", label=name, lw=2 if name == "recipe" else 1)
+    colours, markers = plt.get_cmap("tab20").colors, "os^Dv<>pX*"
+    for i, (name, curve) in enumerate(curves.items()):
+        # 20 colours, then the next marker: 200 variants before a style repeats (tab10 repeats after 10)
+        style = {
+            "color": colours[i % 20],
+            "marker": markers[i // 20 % 10],
+            "lw": 2 if name == "recipe" else 1,
+        }
+        by_step.plot(curve["steps"], curve["mean"], label=name, **style)
+        by_time.plot(curve["seconds"], curve["mean"], label=name, **style)
     for ax, xlabel in ((by_step, "optimizer step"), (by_time, "training seconds (step x median step time)")):
         ax.set_xlabel(xlabel)
         ax.set_ylabel("closed-loop success (mean over tasks)")
