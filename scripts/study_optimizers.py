@@ -31,7 +31,9 @@ every step) is reused, an interrupted one resumes from its last checkpoint. With
 finished run's records (config.yaml, metrics.jsonl, summary.json, closed_loop.json: no weights, ~1 MB)
 are copied to DIR/<run>/ and a run found there is reused on any machine, so a study longer than one
 machine's lifetime goes on where the last machine stopped (the documented study keeps its archive in
-docs/study/archive). Writes to --out:
+docs/study/archive). A reused run's config.yaml must match what the study gives it now (its training
+settings and closed-loop evaluation; vla.training.resume decides which keys count): a preset changed
+since it ran is refused with every difference named. Writes to --out:
     runs/<optimizer>_lr<lr>_seed<seed>/   each training run (its output_dir)
     study.json                            every number below
     val_loss.png                          validation loss against step and seconds, mean and seed band
@@ -180,6 +182,36 @@ def records_dir(args: argparse.Namespace, name: str, steps: int) -> Path:
     return archived if finished(archived, steps) else run_dir
 
 
+# What a reused run must share with the study besides its training trajectory: how it was evaluated.
+MEASUREMENT_KEYS = tuple(
+    f"trainer.closed_loop.{k}"
+    for k in ("episodes", "final_episodes", "every", "tasks", "seed", "replan_every", "max_episode_steps")
+)
+
+
+def check_reused(args: argparse.Namespace, job: tuple[str, float, int, int | None], source: Path) -> None:
+    """Exit naming every difference when the finished run at `source` was trained or evaluated with other
+    settings than this study gives it now (say the preset's cameras changed after it was archived): its
+    numbers would otherwise enter the tables as if they came from the current settings."""
+    from vla.training.cli import compose
+    from vla.training.resume import compare_config, saved_config
+
+    saved = saved_config({}, source)
+    if saved is None:
+        return
+    optimizer, lr, seed, steps = job
+    overrides = train_overrides(args, optimizer, lr, seed, source, steps)
+    cfg = compose([o for o in overrides if not o.startswith("trainer.resume=")])
+    problems, _ = compare_config(saved, cfg, also_refuse=MEASUREMENT_KEYS)
+    if problems:
+        listing = "\n  ".join(problems)
+        raise SystemExit(
+            f"{source} was run with other settings than this study gives it now (saved -> now):\n  {listing}\n"
+            f"Its results cannot stand for the current settings: pass the saved values with --train-arg to "
+            f"report the study as it was run, or move {source} away to train it again with the new ones."
+        )
+
+
 def preset_steps(args: argparse.Namespace) -> int:
     """The step budget of the runs: --steps, else the experiment preset's trainer.steps."""
     if args.steps is not None:
@@ -225,10 +257,12 @@ def launch(args: argparse.Namespace, job: tuple[str, float, int, int | None]) ->
     optimizer, lr, seed, steps = job
     run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
     if finished(run_dir, steps or args.budget):
+        check_reused(args, job, run_dir)
         print(f"  {run_dir.name}: finished earlier, reused", flush=True)
         archive_run(args, run_dir)
         return None
     if args.archive is not None and finished(args.archive / run_dir.name, steps or args.budget):
+        check_reused(args, job, args.archive / run_dir.name)
         print(f"  {run_dir.name}: archived in {args.archive}, reused", flush=True)
         return None
     overrides = train_overrides(args, optimizer, lr, seed, run_dir, steps)
@@ -575,6 +609,8 @@ def main(argv: list[str] | None = None) -> int:
     def gather(optimizer: str, lr: float, seed: int, steps: int | None = None) -> None:
         name = run_name(optimizer, lr, seed, steps)
         source = records_dir(args, name, steps or args.budget)
+        if finished(source, steps or args.budget):
+            check_reused(args, (optimizer, lr, seed, steps), source)
         if (source / "metrics.jsonl").is_file():
             runs[name] = {"optimizer": optimizer, "lr": lr, "seed": seed} | collect_run(source)
 

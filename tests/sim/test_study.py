@@ -90,6 +90,43 @@ def test_a_sensitivity_arm_replaces_its_optimizers_chosen_lr_in_the_difference()
         study_optimizers.parse_args(["--also=sgd=0.1"])
 
 
+def test_a_reused_run_trained_with_other_settings_is_refused_naming_them(tmp_path, capsys) -> None:
+    """The archive outlives the preset: a run archived before the recipe's cameras (or its evaluation
+    seeds) changed must not be reported as if it ran with the new ones."""
+    from omegaconf import OmegaConf
+
+    from vla.training.cli import compose
+
+    args = study_optimizers.parse_args(
+        [f"--out={tmp_path}", f"--archive={tmp_path / 'archive'}", "--steps=4"]
+    )
+    args.budget = 4
+    job = ("dmuon", 0.01, 0, None)
+    archived = tmp_path / "archive" / study_optimizers.run_name(*job[:3])
+    archived.mkdir(parents=True)
+    overrides = study_optimizers.train_overrides(args, *job[:3], archived, None)
+    cfg = compose([o for o in overrides if o != "trainer.resume=auto"])
+    (archived / "summary.json").write_text(json.dumps({"steps": 4}))
+
+    def archive_with(**changes: object) -> None:
+        saved = OmegaConf.structured(cfg)
+        for key, value in changes.items():
+            OmegaConf.update(saved, key, value, merge=False)
+        (archived / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+
+    harmless = {"data.root": "/elsewhere", "trainer.closed_loop.parallel_envs": 3}  # neither changes a result
+    archive_with(**harmless)
+    assert study_optimizers.launch(args, job) is None
+    assert "archived in" in capsys.readouterr().out
+    archive_with(**{"data.metaworld.cameras": ["corner2", "gripperPOV"], "trainer.closed_loop.seed": 2000})
+    with pytest.raises(SystemExit) as refused:
+        study_optimizers.launch(args, job)
+    message = str(refused.value)
+    assert str(archived) in message and "--train-arg" in message
+    assert "data.metaworld.cameras: ['corner2', 'gripperPOV'] -> ['corner2', 'topview']" in message
+    assert "trainer.closed_loop.seed: 2000 -> 1000" in message and "parallel_envs" not in message
+
+
 @pytest.mark.slow
 def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     out = tmp_path / "study"

@@ -126,6 +126,42 @@ def _trajectory_key(key: str) -> bool:
     return key not in HARMLESS and any(key == k or key.startswith(k) for k in TRAJECTORY_KEYS)
 
 
+def compare_config(
+    saved: dict[str, Any], cfg: Any, also_refuse: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """(trajectory changes, other changes) of `cfg` against a saved flattened config, one line each.
+
+    A trajectory change (`TRAJECTORY_KEYS`, not `HARMLESS`) reads "key: saved -> now"; the other lines
+    are notes: the same for keys that do not change the trajectory (marked applied, except
+    trainer.steps), a key newer than the saved config at its default (the behaviour the run had), and a
+    key the saved config has that is no longer a setting. `also_refuse`: more key prefixes to count as
+    trajectory changes (a caller comparing what a finished run measured, e.g. its evaluation settings).
+    """
+    current = flatten(cfg)
+    changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    changed = [k for k in changed if k not in ("trainer.resume", "output_dir", "run_name")]
+    defaults = _schema_defaults(cfg)
+    problems: list[str] = []
+    notes: list[str] = []
+    for key in changed:
+        if key not in saved and key in defaults and current.get(key) == defaults[key]:
+            notes.append(
+                f"{key} is newer than this checkpoint's config; it runs at its default {current[key]!r}"
+            )
+            continue
+        if key not in current:
+            notes.append(f"{key} (saved {saved[key]!r}) is no longer a setting")
+            continue
+        line = f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
+        if _trajectory_key(key) or any(key.startswith(prefix) for prefix in also_refuse):
+            problems.append(line)
+        elif key == "trainer.steps":
+            notes.append(line)
+        else:
+            notes.append(f"{line} (applied; does not change the trajectory)")
+    return problems, notes
+
+
 def check_resume(
     cfg: Any,
     trainer_state: dict[str, Any],
@@ -142,30 +178,18 @@ def check_resume(
             f"{step}): there is nothing left to train. Set trainer.steps above {step} to train further, or "
             "resume an earlier checkpoint explicitly (trainer.resume=<path>)"
         )
-    notes: list[str] = []
-    problems: list[str] = []
     saved = saved_config(trainer_state, output_dir)
-    current = flatten(cfg)
     if saved is None:
-        notes.append(f"resume: {checkpoint} records no config; the resumed settings are not compared")
+        notes = [f"resume: {checkpoint} records no config; the resumed settings are not compared"]
+        problems: list[str] = []
     else:
-        changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
-        changed = [k for k in changed if k not in ("trainer.resume", "output_dir", "run_name")]
-        defaults = _schema_defaults(cfg)
-        for key in [k for k in changed if k not in saved and k in defaults and current.get(k) == defaults[k]]:
-            # A setting added after the run was saved, at its default (the behaviour the run had).
-            notes.append(
-                f"resume: {key} is newer than this checkpoint's config; it runs at its default {current[key]!r}"
-            )
-            changed.remove(key)
-        for key in changed:
-            line = f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
-            if _trajectory_key(key):
-                problems.append(line)
-            elif key == "trainer.steps":
-                notes.append(f"resume: {line}; {_schedule_note(saved, cfg, step)}")
-            else:
-                notes.append(f"resume: {line} (applied; does not change the trajectory)")
+        problems, notes = compare_config(saved, cfg)
+        notes = [
+            f"resume: {line}; {_schedule_note(saved, cfg, step)}"
+            if line.startswith("trainer.steps:")
+            else f"resume: {line}"
+            for line in notes
+        ]
     fingerprint = trainer_state.get("dataset")
     if isinstance(fingerprint, dict):
         now = dataset_fingerprint(dataset_root)
