@@ -19,8 +19,10 @@ def _saved(without: tuple[str, ...] = (), **changes) -> dict:
 
 def test_a_setting_newer_than_the_checkpoint_runs_at_its_default(tmp_path) -> None:
     cfg = TrainConfig()
-    state = {"step": 1, "config": _saved(without=("optim.exchange", "optim.wire_dtype"))}
+    retired = {"optim.retired_knob": 3}  # a setting a later version of the code removed: logged, not refused
+    state = {"step": 1, "config": _saved(without=("optim.exchange", "optim.wire_dtype"), **retired)}
     notes = check_resume(cfg, state, tmp_path / "ckpt", tmp_path, tmp_path)
+    assert "resume: optim.retired_knob (saved 3) is no longer a setting" in notes
     assert any("optim.exchange is newer than this checkpoint's config" in n and "'auto'" in n for n in notes)
     assert not any("wire_dtype" in n for n in notes)  # absent and None (its default) are the same
 

@@ -16,6 +16,7 @@ of its dataset. On resume (`check_resume`):
   does to the schedule (the decay now ends at the new step count).
 - any other changed key (log/val/checkpoint intervals, parallel.*, grad_accum, ...) is applied and
   logged: it does not change the trajectory.
+- a key the saved config has and the code no longer knows (a removed setting) is logged.
 
 Checkpoints written before this module kept no config: then output_dir/config.yaml (the config of
 the run that wrote it) is compared, and without either only the step check runs.
