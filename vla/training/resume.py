@@ -129,37 +129,35 @@ def _trajectory_key(key: str) -> bool:
 
 def compare_config(
     saved: dict[str, Any], cfg: Any, also_refuse: tuple[str, ...] = ()
-) -> tuple[list[str], list[str]]:
-    """(trajectory changes, other changes) of `cfg` against a saved flattened config, one line each.
+) -> tuple[list[str], dict[str, str]]:
+    """(trajectory changes, {key: note} for the other changes) of `cfg` against a saved flattened config.
 
-    A trajectory change (`TRAJECTORY_KEYS`, not `HARMLESS`) reads "key: saved -> now"; the other lines
-    are notes: the same for keys that do not change the trajectory (marked applied, except
-    trainer.steps), a key newer than the saved config at its default (the behaviour the run had), and a
-    key the saved config has that is no longer a setting. `also_refuse`: more key prefixes to count as
-    trajectory changes (a caller comparing what a finished run measured, e.g. its evaluation settings).
+    A trajectory change (`TRAJECTORY_KEYS`, not `HARMLESS`) reads "key: saved -> now"; the notes: the same
+    for keys that do not change the trajectory (marked applied, except trainer.steps), a key newer than the
+    saved config at its default (the behaviour the run had), and a key the saved config has that is no
+    longer a setting. `also_refuse`: more key prefixes to count as trajectory changes (a caller comparing
+    what a finished run measured, e.g. its evaluation settings).
     """
     current = flatten(cfg)
     changed = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     changed = [k for k in changed if k not in ("trainer.resume", "output_dir", "run_name")]
     defaults = _schema_defaults(cfg)
     problems: list[str] = []
-    notes: list[str] = []
+    notes: dict[str, str] = {}
     for key in changed:
+        line = f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
         if key not in saved and key in defaults and current.get(key) == defaults[key]:
-            notes.append(
+            notes[key] = (
                 f"{key} is newer than this checkpoint's config; it runs at its default {current[key]!r}"
             )
-            continue
-        if key not in current:
-            notes.append(f"{key} (saved {saved[key]!r}) is no longer a setting")
-            continue
-        line = f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
-        if _trajectory_key(key) or any(key.startswith(prefix) for prefix in also_refuse):
+        elif key not in current:
+            notes[key] = f"{key} (saved {saved[key]!r}) is no longer a setting"
+        elif _trajectory_key(key) or any(key.startswith(prefix) for prefix in also_refuse):
             problems.append(line)
         elif key == "trainer.steps":
-            notes.append(line)
+            notes[key] = line
         else:
-            notes.append(f"{line} (applied; does not change the trajectory)")
+            notes[key] = f"{line} (applied; does not change the trajectory)"
     return problems, notes
 
 
@@ -184,13 +182,10 @@ def check_resume(
         notes = [f"resume: {checkpoint} records no config; the resumed settings are not compared"]
         problems: list[str] = []
     else:
-        problems, notes = compare_config(saved, cfg)
-        notes = [
-            f"resume: {line}; {_schedule_note(saved, cfg, step)}"
-            if line.startswith("trainer.steps:")
-            else f"resume: {line}"
-            for line in notes
-        ]
+        problems, changes = compare_config(saved, cfg)
+        if "trainer.steps" in changes:
+            changes["trainer.steps"] += f"; {_schedule_note(saved, cfg, step)}"
+        notes = [f"resume: {line}" for line in changes.values()]
     fingerprint = trainer_state.get("dataset")
     if isinstance(fingerprint, dict):
         now = dataset_fingerprint(dataset_root)
