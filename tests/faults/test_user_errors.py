@@ -92,6 +92,7 @@ CASES = [
     ("tokenizer_too_big", ["data.tokenizer_path=google/paligemma-3b-pt-224"], "data.tokenizer_path"),
     ("bad_val_fraction", ["data.val_fraction=1.5"], "data.val_fraction"),
     ("bad_norm_mode", ["data.norm_modes={action: FOO}"], "data.norm_modes"),
+    ("unknown_task_weight", ["data.task_weights={reach the purple target: 2}"], "not a task of"),
     ("bad_dart_noise", ["data=metaworld", "data.metaworld.action_noise=2"], "data.metaworld.action_noise"),
     (
         "bad_hand_start_noise",

@@ -85,6 +85,10 @@ def test_command_line_overrides_reach_the_schema() -> None:
         (["trainer.ema_decay=1.5"], "ema_decay"),
         (["parallel.mode=zero3"], "parallel.mode"),
         (["data.frame_cache_mb=-1"], r"data.frame_cache_mb must be >= 0, got -1"),
+        (
+            ["data.task_weights={reach the goal: -1}"],
+            r"data.task_weights\['reach the goal'\] is -1.0: a weight is",
+        ),
     ],
 )
 def test_bad_values_fail_while_composing(overrides: list[str], match: str) -> None:
@@ -194,6 +198,12 @@ def test_every_documented_command_line_composes() -> None:
         for parsed in parser.parse_overrides(overrides):
             if parsed.key_or_group in fields:  # exactly the command line's value (dicts replace the preset's)
                 assert fields[parsed.key_or_group](cfg) == parsed.value(), overrides
+
+
+def test_task_weights_take_a_dict_of_task_texts() -> None:
+    cfg = compose(["data.task_weights={reach the goal: 3, push the puck to the goal: 0.5}"])
+    assert dict(cfg.data.task_weights) == {"reach the goal": 3.0, "push the puck to the goal": 0.5}
+    assert dict(compose([]).data.task_weights) == {}
 
 
 def test_a_plain_dict_override_replaces_the_presets_dict() -> None:

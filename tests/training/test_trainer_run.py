@@ -83,11 +83,17 @@ def test_training_lowers_the_loss(synthetic_dataset, tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("optim", "augment"), [("dmuon", None), ("adamw", None), ("dmuon", "image_transforms=openpi")]
+    ("optim", "extra"),
+    [
+        ("dmuon", None),
+        ("adamw", None),
+        ("dmuon", "image_transforms=openpi"),
+        ("dmuon", "data.task_weights={reach the red target: 3}"),
+    ],
 )
-def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim, augment) -> None:
+def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim, extra) -> None:
     common = [f"optim={optim}", "trainer.steps=6", "trainer.checkpoint_every=3", "trainer.ema_decay=0.9"]
-    common += [augment] if augment else []
+    common += [extra] if extra else []
     straight, split = tmp_path / "straight", tmp_path / "split"
     run_in_process(tiny_overrides(synthetic_dataset, straight, *common))
     with pytest.raises(SystemExit):  # the first half "crashes" right after step 3's checkpoint
@@ -103,7 +109,7 @@ def test_resume_continues_the_same_trajectory(synthetic_dataset, tmp_path, optim
     a = torch.load(straight / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
     b = torch.load(split / "checkpoints" / "step_00000006" / "trainer.pt", weights_only=False)
     assert a["trainer_state"]["loader"] == b["trainer_state"]["loader"]
-    if augment:  # augmentation was on: the same run without it trains on other pixels
+    if extra:  # augmentation or task weights were on: the same run without them trains on other batches
         plain = tmp_path / "plain"
         run_in_process(tiny_overrides(synthetic_dataset, plain, *common[:-1]))
         assert losses(plain)[0] != losses(straight)[0]

@@ -5,7 +5,8 @@ Writing:      LeRobotDatasetWriter, synthetic.generate_synthetic_dataset / ensur
 Processing:   ProcessorConfig, BatchProcessor (collate, finalize, unnormalize_actions), Normalizer,
               NormMode, resize_with_pad, load_tokenizer, PromptTokenizer
 Loading:      make_dataloader -> BatchLoader (sharded by rank, resumable), action_delta_timestamps,
-              build_pipeline (config values -> processor + train/val loaders)
+              build_pipeline (config values -> processor + train/val loaders), task_mixture
+              (per-task sampling weights -> TaskMixture)
 Synthetic:    SyntheticConfig, generate_synthetic_dataset, ensure_synthetic_dataset, ReachWorld
 
 This package never imports vla.models, vla.training, accelerate or hydra.
@@ -19,10 +20,12 @@ from vla.data.errors import (
     FrameTimestampError,
     MissingFeatureError,
     StatsError,
+    TaskWeightsError,
     UnsupportedVersionError,
 )
 from vla.data.loader import BatchLoader, ShardedResumableSampler, make_dataloader
 from vla.data.metadata import DatasetMetadata
+from vla.data.mixture import TaskMixture, task_mixture
 from vla.data.normalize import Normalizer, NormMode
 from vla.data.pipeline import DataPipeline, build_pipeline
 from vla.data.processor import BatchProcessor, ProcessorConfig
@@ -60,6 +63,8 @@ __all__ = [
     "ShardedResumableSampler",
     "StatsError",
     "SyntheticConfig",
+    "TaskMixture",
+    "TaskWeightsError",
     "UnsupportedVersionError",
     "action_delta_timestamps",
     "build_pipeline",
@@ -69,6 +74,7 @@ __all__ = [
     "make_dataloader",
     "resize_with_pad",
     "split_episodes",
+    "task_mixture",
     "to_model_range",
     "train_val_datasets",
 ]

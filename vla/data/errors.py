@@ -37,6 +37,10 @@ class StatsError(DatasetError, ValueError):
     """meta/stats.json (or the stats handed to a normaliser) is missing an entry or holds NaN/inf."""
 
 
+class TaskWeightsError(DatasetError, ValueError):
+    """data.task_weights names a task the dataset lacks, or gives a weight that cannot be used."""
+
+
 class FrameTimestampError(DatasetError, ValueError):
     """A video has no decoded frame within tolerance of a requested timestamp."""
 

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vla.data.augment import AUGMENT_KEY, ImageAugmenter
 from vla.data.errors import DatasetTooSmallError
+from vla.data.mixture import TaskMixture
 from vla.data.processor import BatchProcessor
 from vla.types import Batch
 
@@ -30,7 +31,9 @@ class ShardedResumableSampler(Sampler[int]):
     """Indices of one rank for one epoch; `start` skips the first positions (for resuming).
 
     Without drop_last the permutation is padded by wrapping around so every rank gets the same count
-    (as torch's DistributedSampler); with drop_last the tail that does not divide is dropped.
+    (as torch's DistributedSampler); with drop_last the tail that does not divide is dropped. With a
+    `mixture` (per-task weights, vla.data.mixture) a shuffled epoch is the mixture's draws instead of a
+    permutation, as many as there are samples.
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class ShardedResumableSampler(Sampler[int]):
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
+        mixture: TaskMixture | None = None,
     ) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} out of range for world_size {world_size}")
@@ -55,6 +59,9 @@ class ShardedResumableSampler(Sampler[int]):
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
+        if mixture is not None and mixture.num_samples != num_samples:
+            raise ValueError(f"the mixture draws {mixture.num_samples} samples an epoch, not {num_samples}")
+        self.mixture = mixture
         self.epoch = 0
         self.start = 0
 
@@ -76,7 +83,10 @@ class ShardedResumableSampler(Sampler[int]):
         """This rank's full index list for the current epoch (ignores `start`)."""
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(self.num_samples, generator=generator).tolist()
+            if self.mixture is not None:
+                order = self.mixture.order(generator)
+            else:
+                order = torch.randperm(self.num_samples, generator=generator).tolist()
         else:
             order = list(range(self.num_samples))
         total = self.samples_per_rank * self.world_size
@@ -144,6 +154,7 @@ class BatchLoader:
         prefetch_factor: int | None = 2,
         persistent_workers: bool = True,
         augment: ImageAugmenter | None = None,
+        mixture: TaskMixture | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
@@ -151,7 +162,9 @@ class BatchLoader:
         self.processor = processor
         self.batch_size = batch_size
         self.device = torch.device(device) if device is not None else None
-        self.sampler = ShardedResumableSampler(len(dataset), shuffle, seed, rank, world_size, drop_last)
+        self.sampler = ShardedResumableSampler(
+            len(dataset), shuffle, seed, rank, world_size, drop_last, mixture
+        )
         per_rank = self.sampler.samples_per_rank
         if drop_last and per_rank < batch_size:
             # Without this check `forever()` would spin on empty epochs: a hang at 100% CPU.
@@ -165,13 +178,14 @@ class BatchLoader:
         self.epoch = 0
         self.batches_in_epoch = 0
         self.augment = augment
+        collate = functools.partial(processor.collate, augment=augment) if augment else processor.collate
         self.loader = DataLoader(
             _EpochKeyedDataset(dataset) if augment is not None else dataset,
             batch_size=batch_size,
             sampler=_EpochKeyedSampler(self.sampler) if augment is not None else self.sampler,
             # Augmentation runs here, in the workers, on uint8 images; its draws depend on (epoch, index)
             # alone, so a resumed or re-sharded run augments every frame as the uninterrupted run did.
-            collate_fn=functools.partial(processor.collate, augment=augment) if augment else processor.collate,
+            collate_fn=collate,
             num_workers=num_workers,
             drop_last=drop_last,
             pin_memory=pin_memory,

@@ -17,6 +17,7 @@ import torch
 from vla.data.augment import ImageAugmenter, ImageTransformsConfig
 from vla.data.loader import BatchLoader, make_dataloader
 from vla.data.metadata import DatasetMetadata
+from vla.data.mixture import task_mixture
 from vla.data.processor import BatchProcessor, ProcessorConfig
 from vla.data.reader import LeRobotDataset
 from vla.data.scan import ON_BAD_FRAMES, BadFramesError, describe, scan_frames
@@ -53,6 +54,7 @@ def build_pipeline(
     tokenizer: Any | None = None,
     image_transforms: ImageTransformsConfig | None = None,
     on_bad_frames: str = "error",
+    task_weights: dict[str, float] | None = None,
 ) -> DataPipeline:
     """Datasets, processor and loaders for a LeRobot dataset at `root`.
 
@@ -68,6 +70,9 @@ def build_pipeline(
     Every frame of both splits is scanned first (vla.data.scan): NaN/inf values or empty tasks raise
     BadFramesError naming file, episode and frame, or with on_bad_frames="drop_episode" their episodes
     are left out (DataPipeline.notes says which).
+    task_weights (task text -> weight, vla.data.mixture) changes how often the training loader draws
+    each task's frames (notes gives the shares); validation keeps every frame once. A name the dataset
+    lacks, or a bad weight, raises TaskWeightsError.
     """
     if on_bad_frames not in ON_BAD_FRAMES:
         raise ValueError(f"data.on_bad_frames must be one of {list(ON_BAD_FRAMES)}, got {on_bad_frames!r}")
@@ -117,8 +122,18 @@ def build_pipeline(
         if image_transforms is not None and image_transforms.enable
         else None
     )
+    mixture = task_mixture(train_dataset.column("task_index"), meta.tasks, task_weights or {}, str(meta.root))
+    if mixture is not None:
+        notes.append(mixture.describe())
     train = make_dataloader(
-        train_dataset, processor, batch_size, shuffle=True, drop_last=True, augment=augment, **loader_kwargs
+        train_dataset,
+        processor,
+        batch_size,
+        shuffle=True,
+        drop_last=True,
+        augment=augment,
+        mixture=mixture,
+        **loader_kwargs,
     )
     val = (
         make_dataloader(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vla.data.augment import ImageTransformsConfig
+from vla.data.mixture import check_task_weights
 from vla.data.scan import ON_BAD_FRAMES
 
 OPTIMIZERS = ("adamw", "muon", "dmuon")
@@ -297,6 +298,9 @@ class DataConfig:
     # 64 px: 390 MB); where they do not, only the frames asked for are decoded. 0 turns it off.
     frame_cache_mb: float = 1024.0
     on_bad_frames: str = "error"  # NaN/inf or empty tasks in a frame: error | drop_episode (vla.data.scan)
+    # task (its text in meta/tasks) -> how often training draws its frames, relative to now (vla.data.mixture):
+    # 2 twice as often, 0 never; tasks not named 1. Validation is unweighted.
+    task_weights: dict[str, float] = field(default_factory=dict)
     uint8_transport: bool = True
     synthetic: SyntheticDataConfig = field(default_factory=SyntheticDataConfig)
     metaworld: MetaWorldDataConfig = field(default_factory=MetaWorldDataConfig)
@@ -323,6 +327,7 @@ class DataConfig:
         _positive("data.max_prompt_length", self.max_prompt_length)
         for feature, mode in self.norm_modes.items():
             _choice(f"data.norm_modes[{feature!r}]", mode, NORM_MODES)
+        check_task_weights(self.task_weights)
 
 
 @dataclass

@@ -223,4 +223,5 @@ def build_data(
         val_shuffle=True,  # validation reads only its first trainer.val_batches batches
         image_transforms=cfg.image_transforms,
         on_bad_frames=cfg.on_bad_frames,
+        task_weights=dict(cfg.task_weights),
     )
