@@ -155,15 +155,17 @@ def main() -> int:
     print(f"\n{report.policy}: closed-loop success, {args.episodes} episodes per task, seeds {args.seed}..")
     print(
         f"{'task':<26} {'success':>8} {'95% CI':>14} {'steps to success':>17} "
-        f"{'nearest demo layout, mm (median / max)':>40}"
+        f"{'failures: closest, cm (median)':>31} {'nearest demo layout, mm (median / max)':>40}"
     )
     for t in report.tasks:
         steps = f"{t.mean_steps_to_success:.1f}" if t.mean_steps_to_success is not None else "-"
         near = (t.layout or {}).get("nearest_training_layout_m")
         near_text = f"{near['median'] * 1e3:.1f} / {near['max'] * 1e3:.1f}" if near else "-"
+        closest = t.median_closest_failed_m
+        closest_text = f"{closest * 100:.1f}" if closest is not None else "-"
         print(
             f"{t.task:<26} {t.success_rate:>8.0%} {f'[{t.ci95[0]:.2f}, {t.ci95[1]:.2f}]':>14} {steps:>17} "
-            f"{near_text:>40}"
+            f"{closest_text:>31} {near_text:>40}"
         )
     print(f"{'mean':<26} {report.mean_success:>8.0%}")
     print(f"wrote {args.json} and {args.json.with_suffix('.png')} in {time.perf_counter() - start:.0f} s")

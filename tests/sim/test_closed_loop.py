@@ -50,6 +50,14 @@ def test_expert_and_baselines_through_the_same_harness(tmp_path) -> None:
     assert 20 < task.mean_steps_to_success < 120
     assert zero.tasks[0].success_rate == 0.0 and random.tasks[0].success_rate == 0.0
     assert all(r.steps == 120 for r in zero.tasks[0].results)  # ran to the cap
+    # the distance success is measured on (reach: tool centre point to goal, success within 5 cm)
+    for r in task.results:
+        assert r.final_m == r.closest_m <= 0.05 < r.start_m  # it stopped at its first success
+    assert task.median_closest_failed_m is None
+    (still,) = zero.tasks
+    for r in still.results:  # a hand given no motion settles by millimetres, far from the goal
+        assert r.closest_m == pytest.approx(r.start_m, abs=1e-2) and r.final_m > 0.05
+    assert still.median_closest_failed_m == pytest.approx(np.median([r.closest_m for r in still.results]))
     videos = sorted(p.name for p in (tmp_path / "v").iterdir())
     assert videos == ["reach-v3_seed1000_success.mp4"]
     write_report(expert, tmp_path / "r.json", tmp_path / "r.png")
@@ -57,6 +65,7 @@ def test_expert_and_baselines_through_the_same_harness(tmp_path) -> None:
     assert saved["policy"] == "expert" and saved["mean_success"] == 1.0
     assert saved["tasks"][0]["ci95"] == pytest.approx(list(wilson_interval(3, 3)))
     assert saved["settings"]["replan_every"] == 4 and (tmp_path / "r.png").stat().st_size > 1000
+    assert saved["tasks"][0]["results"][0]["closest_m"] == task.results[0].closest_m
 
 
 def test_training_seeds_are_refused() -> None:

@@ -11,7 +11,10 @@ Episode e of a task runs on seed `seed + e`. Evaluation seeds must not be seeds 
 on: pass the training seeds as `exclude_seeds` and an overlap raises.
 
 Per task the report gives the success rate with its 95% Wilson score interval, the mean number of
-steps to success (over successful episodes) and the episodes run.
+steps to success (over successful episodes) and the episodes run; per episode, besides success and
+steps, the distance MetaWorld's success is measured on (`SimStep.distance`) after the first step, at
+its closest and at the end, so a failure that came within a centimetre of the threshold tells apart
+from one that never moved the puck; per task the median closest approach of the failed episodes.
 """
 
 from __future__ import annotations
@@ -90,6 +93,11 @@ class EpisodeResult:
     seed: int
     success: bool
     steps: int  # steps taken: to the first success, or the cap
+    # SimStep.distance (m) after the first step, its minimum over the episode and after the last step;
+    # None where unknown (reports written before these were kept, policies run outside MetaWorldEnv)
+    start_m: float | None = None
+    closest_m: float | None = None
+    final_m: float | None = None
 
 
 @dataclass
@@ -101,6 +109,8 @@ class TaskReport:
     ci95: tuple[float, float]
     mean_steps_to_success: float | None
     results: list[EpisodeResult] = field(default_factory=list)
+    # median over the failed episodes of EpisodeResult.closest_m (None: no failure, or none measured)
+    median_closest_failed_m: float | None = None
     # vla.sim.layouts.layout_report of the evaluated seeds against the training seeds, when known
     layout: dict[str, Any] | None = None
 
@@ -148,6 +158,7 @@ class ClosedLoopReport:
 def task_report(task: str, results: list[EpisodeResult]) -> TaskReport:
     successes = sum(r.success for r in results)
     lengths = [r.steps for r in results if r.success]
+    closest_failed = [r.closest_m for r in results if not r.success and r.closest_m is not None]
     return TaskReport(
         task=task,
         episodes=len(results),
@@ -156,6 +167,7 @@ def task_report(task: str, results: list[EpisodeResult]) -> TaskReport:
         ci95=wilson_interval(successes, len(results)),
         mean_steps_to_success=statistics.fmean(lengths) if lengths else None,
         results=results,
+        median_closest_failed_m=statistics.median(closest_failed) if closest_failed else None,
     )
 
 
@@ -201,6 +213,7 @@ def _run_group(
     observations: list[Any] = [env.reset(seed) for env, seed in zip(envs, seeds)]
     frames: list[list[np.ndarray]] = [[_frame(o, env.cameras)] for o, env in zip(observations[:record], envs)]
     results: list[EpisodeResult | None] = [None] * len(envs)
+    distances: list[list[float]] = [[] for _ in envs]
     while any(r is None for r in results):
         active = [i for i, r in enumerate(results) if r is None]
         chunk = np.asarray(policy.act([envs[i] for i in active], [observations[i] for i in active]))
@@ -221,8 +234,16 @@ def _run_group(
                     observations[i] = step.observation
                 if i < record:
                     frames[i].append(_frame(step.observation, envs[i].cameras))
+                if math.isfinite(step.distance):
+                    distances[i].append(step.distance)
                 if step.done:
-                    results[i] = EpisodeResult(seeds[i], step.success, envs[i].steps)
+                    seen = distances[i]
+                    results[i] = EpisodeResult(
+                        seeds[i],
+                        step.success,
+                        envs[i].steps,
+                        *((seen[0], min(seen), seen[-1]) if seen else (None, None, None)),
+                    )
     return [r for r in results if r is not None], [np.stack(f) for f in frames]
 
 

@@ -40,6 +40,7 @@ This package never imports vla.models or vla.training; vla.eval joins policies a
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from dataclasses import dataclass
@@ -114,11 +115,15 @@ class SimError(RuntimeError):
 @dataclass
 class SimStep:
     """What one `MetaWorldEnv.step` returns. done: success, or the episode cap was reached.
-    observation: None when the step was asked not to observe."""
+    observation: None when the step was asked not to observe. distance: MetaWorld's `obj_to_target` (m),
+    the distance its success is measured on (reach: the tool centre point to the goal; push / pick-place:
+    the puck to the goal; drawer-open: the handle to its open position; button-press: the button's travel
+    left); NaN for a task whose info lacks it."""
 
     observation: dict[str, Any] | None
     success: bool
     done: bool
+    distance: float = math.nan
 
 
 def _preload_triton() -> None:
@@ -295,7 +300,8 @@ class MetaWorldEnv:
         self.steps += 1
         success = bool(info["success"])
         observation = self.observation() if observe else None
-        return SimStep(observation, success, success or self.steps >= self.max_episode_steps)
+        distance = float(info.get("obj_to_target", math.nan))
+        return SimStep(observation, success, success or self.steps >= self.max_episode_steps, distance)
 
     def expert_action(self, aim_tcp: bool = False) -> np.ndarray:
         """The scripted expert's (4,) float32 action for the current state, clipped to [-1, 1].
