@@ -13,8 +13,8 @@ on: pass the training seeds as `exclude_seeds` and an overlap raises.
 Per task the report gives the success rate with its 95% Wilson score interval, the mean number of
 steps to success (over successful episodes) and the episodes run; per episode, besides success and
 steps, the distance MetaWorld's success is measured on (`SimStep.distance`) after the first step, at
-its closest and at the end, so a failure that came within a centimetre of the threshold tells apart
-from one that never moved the puck; per task the median closest approach of the failed episodes.
+its closest and at the end (a failure that came within a centimetre of the threshold is then told
+apart from one that never moved the puck); per task the median closest approach of the failed episodes.
 """
 
 from __future__ import annotations
