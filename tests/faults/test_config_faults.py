@@ -25,7 +25,8 @@ GROUPS = {"model", "optim", "data", "trainer", "parallel"}
 
 
 def _float_keys(schema: type, prefix: str) -> list[tuple[str, str]]:
-    """(key, kind) for every float-typed field, recursively; kind is "float" or "pair" (tuple)."""
+    """(key, kind) for every float-typed field, recursively; kind is "float", "pair" (tuple) or "dict"
+    (a dict of floats)."""
     hints = typing.get_type_hints(schema, vars(config_module))
     keys: list[tuple[str, str]] = []
     for f in dataclasses.fields(schema):
@@ -33,6 +34,8 @@ def _float_keys(schema: type, prefix: str) -> list[tuple[str, str]]:
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
             keys += _float_keys(type(default), f"{prefix}{f.name}.")
+        elif typing.get_origin(hint) is dict and float in typing.get_args(hint)[1:]:
+            keys.append((f"{prefix}{f.name}", "dict"))
         elif hint is float or (float in typing.get_args(hint) and typing.get_origin(hint) is not tuple):
             keys.append((f"{prefix}{f.name}", "float"))
         elif typing.get_origin(hint) is tuple and float in typing.get_args(hint):
@@ -48,6 +51,7 @@ def test_the_corpus_covers_the_float_settings() -> None:
     # A sanity check that the introspection finds what it should (the list may grow).
     assert {"optim.lr", "optim.betas", "optim.eps", "trainer.clip_grad_norm", "data.val_fraction"} <= keys
     assert {"trainer.min_lr_ratio", "trainer.ema_decay", "trainer.stop_grace_s", "optim.bucket_mb"} <= keys
+    assert ("data.task_weights", "dict") in FLOAT_KEYS
 
 
 def _expect(overrides_and_keys: list[tuple[list[str], str]]) -> list[str]:
@@ -70,6 +74,8 @@ def test_non_finite_floats_fail_naming_the_key(value: str) -> None:
     for key, kind in FLOAT_KEYS:
         if kind == "pair":
             cases.append(([f"{key}=[0.9,{value}]"], f"{key}[1]"))
+        elif kind == "dict":
+            cases.append(([f"{key}={{x: {value}}}"], f"{key}['x']"))
         else:
             cases.append(([f"{key}={value}"], key))
     assert _expect(cases) == []

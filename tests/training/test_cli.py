@@ -19,6 +19,7 @@ def test_dict_fields_are_found_in_the_schema() -> None:
         "model.overrides",
         "data.camera_map",
         "data.norm_modes",
+        "data.task_weights",
         "data.image_transforms.tfs",
     ]
 
