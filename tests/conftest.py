@@ -14,6 +14,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest
 import torch
 
+# A watchdog that ends a test stuck in native code, printing every stack (see hard_limit.py).
+pytest_plugins = ["hard_limit"]
+
 
 @pytest.fixture(autouse=True)
 def _seed_everything() -> None:
