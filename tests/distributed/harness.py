@@ -4,12 +4,14 @@
 
 The target is "module:function" resolved in the child with this directory on sys.path, called as
 fn(rank, world, *args); its return value comes back through torch.save. A rank that raises fails
-the test with that rank's traceback; ranks still running at the deadline are killed and named, so a
-collective mismatch can never hang the suite.
+the test with that rank's traceback; ranks still running at the deadline are killed and named with
+the stacks they were in shortly before, so a collective mismatch can never hang the suite and a hang
+says where it is.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import multiprocessing as mp
 import os
@@ -32,11 +34,22 @@ def free_port() -> int:
 
 
 def _entry(
-    rank: int, world: int, port: int, target: str, args: tuple, out_dir: str, pg_timeout: float
+    rank: int,
+    world: int,
+    port: int,
+    target: str,
+    args: tuple,
+    out_dir: str,
+    pg_timeout: float,
+    stacks_after: float,
 ) -> None:
     import torch
     import torch.distributed as dist
 
+    # A rank still running just before the parent's deadline writes every thread's stack (a C
+    # watchdog thread: it works while the rank is blocked in gloo), so a hang says where it is.
+    stack_file = open(Path(out_dir) / f"rank{rank}.stacks", "w")  # noqa: SIM115 (lives as long as the rank)
+    faulthandler.dump_traceback_later(stacks_after, file=stack_file)
     sys.path.insert(0, str(HERE))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -65,7 +78,11 @@ def run_ranks(
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
         procs = [
-            ctx.Process(target=_entry, args=(r, world, port, target, args, out_dir, pg_timeout), daemon=True)
+            ctx.Process(
+                target=_entry,
+                args=(r, world, port, target, args, out_dir, pg_timeout, max(timeout - 10, timeout / 2)),
+                daemon=True,
+            )
             for r in range(world)
         ]
         for p in procs:
@@ -97,8 +114,14 @@ def run_ranks(
                 f"(then ranks {others}):\n{first.read_text()}"
             )
         if alive:
+            stacks = ""
+            for r in alive:
+                stack_file = Path(out_dir) / f"rank{r}.stacks"
+                stack = stack_file.read_text() if stack_file.exists() else ""
+                stacks += f"\n--- rank {r} ---\n{stack or '(none written: it had not started)'}"
             raise AssertionError(
-                f"{target} on {world} ranks: ranks {alive} still running after {timeout:.0f}s (hang)"
+                f"{target} on {world} ranks: ranks {alive} still running after {timeout:.0f}s (hang); "
+                f"their stacks shortly before:{stacks}"
             )
         results = []
         for r in range(world):

@@ -6,6 +6,8 @@ few steps with `dmuon.Muon` run in this process on the full tensors and the glob
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import workers
@@ -146,6 +148,18 @@ def test_a_dying_rank_is_reported_and_nobody_hangs() -> None:
         AssertionError, match=r"(?s)rank 1 failed first \(then ranks \[0\]\):.*rank 1 fails on purpose"
     ):
         run_ranks("workers:failing_rank", 2, timeout=120, pg_timeout=30)
+
+
+def test_a_hang_is_cut_at_the_deadline_naming_where_each_rank_was() -> None:
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as caught:
+        run_ranks("workers:hanging_rank", 2, timeout=15, pg_timeout=300)
+    assert time.monotonic() - start < 60  # the deadline, not the 120 s sleep or the 300 s gloo timeout
+    message = str(caught.value)
+    assert "ranks [0, 1] still running after 15s (hang)" in message
+    rank0, rank1 = message.split("--- rank 0 ---")[1].split("--- rank 1 ---")
+    assert 'workers.py", line' in rank0 and "in hanging_rank" in rank0
+    assert "in barrier" in rank1 and "in hanging_rank" in rank1  # rank 1 is inside the collective
 
 
 def test_calibrated_cost_model_is_shared_and_cached(tmp_path, references) -> None:

@@ -8,6 +8,7 @@ same-shape matrices (batched NS), and AdamW params (embedding, norm, biases).
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import torch
@@ -298,6 +299,13 @@ def failing_rank(rank: int, world: int) -> None:
     """Rank 1 dies before a collective that rank 0 then waits on."""
     if rank == 1:
         raise RuntimeError("rank 1 fails on purpose")
+    dist.barrier()
+
+
+def hanging_rank(rank: int, world: int) -> None:
+    """Rank 1 waits in a barrier that rank 0, asleep, never reaches: a hang, not a failure."""
+    if rank == 0:
+        time.sleep(120)
     dist.barrier()
 
 
