@@ -7,13 +7,16 @@ prints every thread's Python stack to the real stderr and ends the process with 
 costs minutes and says where it is.
 
 The limit is VLA_TEST_HARD_LIMIT_S seconds (default 900: pytest-timeout's 600 plus room for it to
-report first; 0 turns it off). tests/conftest.py loads it; tests/test_hard_limit.py tests it.
+report first; 0 turns it off). SIGUSR1 prints the same stacks at any time and the run goes on: CI's
+supervisor (.ci/supervise.py) sends it before it kills a run past its budget. tests/conftest.py loads
+this plugin; tests/test_hard_limit.py tests it.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 from collections.abc import Iterator
 from typing import IO
 
@@ -39,11 +42,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # Taken before any test runs: during a test pytest points fd 2 at a capture file that is lost
     # when the watchdog ends the process.
     _real_stderr = os.fdopen(os.dup(2), "w")
+    faulthandler.register(signal.SIGUSR1, file=_real_stderr, all_threads=True)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     global _real_stderr
     faulthandler.cancel_dump_traceback_later()
+    faulthandler.unregister(signal.SIGUSR1)
     if _real_stderr is not None:
         _real_stderr.close()
         _real_stderr = None

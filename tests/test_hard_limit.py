@@ -49,3 +49,16 @@ def test_a_bad_limit_is_a_usage_error(tmp_path: Path) -> None:
     proc, _ = _pytest(tmp_path, "def test_ok():\n    pass\n", "ten minutes")
     assert proc.returncode == 4  # pytest's usage-error status
     assert "VLA_TEST_HARD_LIMIT_S='ten minutes' is not a number of seconds" in proc.stderr
+
+
+def test_sigusr1_prints_every_stack_and_the_run_goes_on(tmp_path: Path) -> None:
+    body = (
+        "import os, signal\n\n\n"
+        "def test_asks_for_its_stacks():\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n\n\n"
+        "def test_after():\n    pass\n"
+    )
+    proc, _ = _pytest(tmp_path, body, "900")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "2 passed" in proc.stdout
+    assert 'test_case.py", line 5 in test_asks_for_its_stacks' in proc.stderr

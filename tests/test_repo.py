@@ -52,3 +52,16 @@ def test_every_script_help_shows_its_defaults(script: str) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "(default:" in result.stdout, script
+
+
+@pytest.mark.parametrize(("command", "status"), [("echo pytest-ran", 0), ("echo pytest-ran; exit 5", 5)])
+def test_ci_runs_the_command_under_its_supervisor_and_keeps_its_status(
+    tmp_path: Path, command: str, status: int
+) -> None:
+    (tmp_path / ".ci").mkdir()
+    for name in ("run", "supervise.py"):
+        (tmp_path / ".ci" / name).write_bytes((ROOT / ".ci" / name).read_bytes())
+    (tmp_path / "README.md").write_text(f"# x\n\n```bash\n# 2. test\n{command}\n```\n")
+    proc = subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == status, proc.stderr
+    assert proc.stdout == f"+ {command}\npytest-ran\n"

@@ -85,25 +85,29 @@ def run_ranks(
             )
             for r in range(world)
         ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        failed_at: float | None = None
-        while any(p.is_alive() for p in procs):
-            now = time.monotonic()
-            errors = sorted(Path(out_dir).glob("rank*.err"))
-            if errors and failed_at is None:
-                failed_at = now
-            # After one rank fails, the others get a short grace to fail too (their collectives
-            # error out), then they are killed: the suite never waits out a hang.
-            if now > deadline or (failed_at is not None and now - failed_at > 20):
-                break
-            time.sleep(0.05)
-        alive = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(5)
+        try:
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + timeout
+            failed_at: float | None = None
+            while any(p.is_alive() for p in procs):
+                now = time.monotonic()
+                errors = sorted(Path(out_dir).glob("rank*.err"))
+                if errors and failed_at is None:
+                    failed_at = now
+                # After one rank fails, the others get a short grace to fail too (their collectives
+                # error out), then they are killed: the suite never waits out a hang.
+                if now > deadline or (failed_at is not None and now - failed_at > 20):
+                    break
+                time.sleep(0.05)
+            alive = [r for r, p in enumerate(procs) if p.is_alive()]
+        finally:
+            # Also when the wait is cut short (pytest-timeout, Ctrl-C): no rank outlives its test.
+            for p in procs:
+                if p.pid is not None and p.is_alive():
+                    p.kill()
+                if p.pid is not None:
+                    p.join(5)
         # The first rank to fail is the cause; the others usually fail because it left.
         error_files = sorted(Path(out_dir).glob("rank*.err"), key=lambda f: f.stat().st_mtime)
         if error_files:

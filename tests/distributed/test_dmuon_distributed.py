@@ -6,6 +6,9 @@ few steps with `dmuon.Muon` run in this process on the full tensors and the glob
 
 from __future__ import annotations
 
+import _thread
+import multiprocessing
+import threading
 import time
 
 import pytest
@@ -160,6 +163,18 @@ def test_a_hang_is_cut_at_the_deadline_naming_where_each_rank_was() -> None:
     rank0, rank1 = message.split("--- rank 0 ---")[1].split("--- rank 1 ---")
     assert 'workers.py", line' in rank0 and "in hanging_rank" in rank0
     assert "in barrier" in rank1 and "in hanging_rank" in rank1  # rank 1 is inside the collective
+
+
+def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:
+    # What pytest-timeout or Ctrl-C does to the parent's wait: an exception raised inside it.
+    timer = threading.Timer(8.0, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_ranks("workers:hanging_rank", 2, timeout=120, pg_timeout=300)
+    finally:
+        timer.cancel()
+    assert multiprocessing.active_children() == []  # killed and joined, not left running
 
 
 def test_calibrated_cost_model_is_shared_and_cached(tmp_path, references) -> None:
