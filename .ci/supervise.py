@@ -5,8 +5,8 @@
 
 Two CI runs ended at CI's 5400 s limit with nothing printed after the same test, though pytest-timeout
 (10 min), tests/hard_limit.py's watchdog thread (15 min) and the distributed harness's own deadline were
-all armed: the test process was not running at all (stopped by a signal, or the machine starved). Only
-a process outside it can see that, so this one:
+all armed. Most likely the test process was not running at all: stopped by a signal, blocked in the
+kernel, or starved. The cause is not known. Only a process outside it can see any of that, so this one:
 
 - runs COMMAND in a session of its own: it has no controlling terminal, so reading or configuring a
   terminal can never stop it (SIGTTIN/SIGTTOU);
