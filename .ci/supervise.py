@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,9 +104,7 @@ def _memory_available_mb() -> str:
 
 
 def heartbeat(elapsed: float, procs: list[Proc]) -> str:
-    states: dict[str, int] = {}
-    for p in procs:
-        states[p.state] = states.get(p.state, 0) + 1
+    states = Counter(p.state for p in procs)
     load = Path("/proc/loadavg").read_text().split()[0]
     summary = " ".join(f"{s}:{n}" for s, n in sorted(states.items()))
     return (

@@ -103,11 +103,10 @@ def run_ranks(
             alive = [r for r, p in enumerate(procs) if p.is_alive()]
         finally:
             # Also when the wait is cut short (pytest-timeout, Ctrl-C): no rank outlives its test.
-            for p in procs:
-                if p.pid is not None and p.is_alive():
+            for p in (p for p in procs if p.pid is not None):  # the started ones
+                if p.is_alive():
                     p.kill()
-                if p.pid is not None:
-                    p.join(5)
+                p.join(5)
         # The first rank to fail is the cause; the others usually fail because it left.
         error_files = sorted(Path(out_dir).glob("rank*.err"), key=lambda f: f.stat().st_mtime)
         if error_files:
