@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -10,17 +11,62 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from _sim_fixtures import sim_demos
 
 from vla.data import LeRobotDataset
 from vla.sim import DemoConfig, SimError, ensure_sim_dataset
-from vla.sim.demos import auto_workers, record_demos
+from vla.sim.demos import Episode, _Rollouts, auto_workers, record_demos
+
+
+def _first_episodes(workers: int, per_task: int = 3) -> list[Episode]:
+    """The first `per_task` expert episodes of each of sim_demos()'s tasks, as the recorder receives them."""
+    config = sim_demos()
+    received: list[Episode] = []
+    with _Rollouts(config, workers) as rollouts:
+        for task in config.tasks:
+            episodes = rollouts.episodes(task)
+            try:
+                received += itertools.islice(episodes, per_task)
+            finally:
+                episodes.close()
+    return received
+
+
+def test_two_workers_hand_the_encoder_the_same_frames_as_one() -> None:
+    """Seeds, instructions, successes and every frame (each camera's rendered image, the state, the
+    expert's action) that reach the writer are bit-equal with one process and with two workers."""
+    serial, parallel = _first_episodes(1), _first_episodes(2)
+    assert [(seed, success) for seed, _, _, success in serial] == [(5, True), (6, True), (7, True)] * 2
+    for (seed, instruction, frames, success), other in zip(serial, parallel, strict=True):
+        assert (seed, instruction, len(frames), success) == (other[0], other[1], len(other[2]), other[3])
+        for index, (a, b) in enumerate(zip(frames, other[2])):
+            assert (
+                a.keys()
+                == b.keys()
+                == {
+                    "observation.state",
+                    "observation.images.corner2",
+                    "observation.images.topview",
+                    "action",
+                }
+            )
+            for key in a:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=f"seed {seed} frame {index} {key}")
 
 
 def test_two_workers_record_the_same_dataset_as_one(sim_dataset: Path, tmp_path: Path) -> None:
-    """Episodes, seeds, states, actions and every decoded frame equal the one-process recording (the
-    session fixture), and the marker does not say how many workers recorded it (so either is reused)."""
+    """The marker (episodes, seeds, expert accounting) is the one-process recording's (the session
+    fixture) and does not say how many workers recorded it, so either is reused; states, actions and
+    tasks are equal, and the decoded frames are equal up to the encoder's own noise.
+
+    SVT-AV1 now and then encodes the same frames to different bytes when its threads are starved of CPU:
+    one GOP at a time, on average up to 1.4 intensity levels over a frame and 36 in one pixel (measured
+    under load: 5 of 20 runs of an exact version of this test failed, and 2 of 10 paired recordings
+    differed, the frames handed to the encoder bit-equal). The test above checks those frames exactly;
+    this one bounds the decoded difference by 4 levels on average per frame.
+    """
     parallel = ensure_sim_dataset(tmp_path / "parallel", sim_demos(), workers=2)
     serial_marker = json.loads((sim_dataset / "meta/metaworld.json").read_text())
     assert json.loads((parallel / "meta/metaworld.json").read_text()) == serial_marker
@@ -29,14 +75,12 @@ def test_two_workers_record_the_same_dataset_as_one(sim_dataset: Path, tmp_path:
     assert len(serial) == len(other) == sum(e["length"] for e in serial_marker["episodes"])
     for index in range(len(serial)):
         a, b = serial[index], other[index]
-        assert a["task"] == b["task"]
-        for key in (
-            "observation.state",
-            "action",
-            "observation.images.corner2",
-            "observation.images.topview",
-        ):
+        assert (a["task"], int(a["episode_index"])) == (b["task"], int(b["episode_index"]))
+        for key in ("observation.state", "action"):
             assert a[key].equal(b[key]), (index, key)
+        for key in ("observation.images.corner2", "observation.images.topview"):
+            assert a[key].shape == b[key].shape == (3, 32, 32), (index, key)
+            assert (a[key] - b[key]).abs().mean() <= 4 / 255, (index, key)
 
 
 def test_workers_keep_the_expert_accounting_and_its_error(tmp_path: Path) -> None:

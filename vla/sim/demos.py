@@ -20,9 +20,12 @@ recorded in meta/metaworld.json, so evaluation can use seeds that were never tra
 rate per task is recorded beside it.
 
 With workers > 1 the rollouts run in that many processes (each with its own simulator) while this process
-encodes; an episode depends on its seed alone, so the recording is the same frame for frame whatever the
-number of workers (tests/sim/test_parallel_recording.py), and `workers` is not one of the settings a
-recording is reused for.
+encodes; an episode depends on its seed alone, so the frames handed to the encoder are the same, bit for
+bit, whatever the number of workers (tests/sim/test_parallel_recording.py), and `workers` is not one of the
+settings a recording is reused for. The video bytes are not reproducible in general: SVT-AV1 (4.1.0, with
+level of parallelism 1 too) encodes the same frames to different bytes now and then when its threads are
+starved of CPU, always one whole GOP, so two recordings of the same settings, with any number of workers,
+can decode to frames a few intensity levels apart.
 """
 
 from __future__ import annotations
