@@ -61,7 +61,7 @@ def test_two_workers_record_the_same_dataset_as_one(sim_dataset: Path, tmp_path:
     fixture) and does not say how many workers recorded it, so either is reused; states, actions and
     tasks are equal, and the decoded frames are equal up to the encoder's own noise.
 
-    SVT-AV1 now and then encodes the same frames to different bytes when its threads are starved of CPU:
+    SVT-AV1 now and then encodes the same frames to different bytes under CPU contention:
     one GOP at a time, on average up to 1.4 intensity levels over a frame and 36 in one pixel (measured
     under load: 5 of 20 runs of an exact version of this test failed, and 2 of 10 paired recordings
     differed, the frames handed to the encoder bit-equal). The test above checks those frames exactly;

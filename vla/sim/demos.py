@@ -23,9 +23,9 @@ With workers > 1 the rollouts run in that many processes (each with its own simu
 encodes; an episode depends on its seed alone, so the frames handed to the encoder are the same, bit for
 bit, whatever the number of workers (tests/sim/test_parallel_recording.py), and `workers` is not one of the
 settings a recording is reused for. The video bytes are not reproducible in general: SVT-AV1 (4.1.0, with
-level of parallelism 1 too) encodes the same frames to different bytes now and then when its threads are
-starved of CPU, always one whole GOP, so two recordings of the same settings, with any number of workers,
-can decode to frames a few intensity levels apart.
+level of parallelism 1 too) now and then encodes the same frames to different bytes under CPU contention
+(seen with recording workers and a training run sharing 2 cores), one whole GOP at a time, so two
+recordings of the same settings, with any number of workers, can decode to frames a level or two apart.
 """
 
 from __future__ import annotations
