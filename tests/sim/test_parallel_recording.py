@@ -38,20 +38,12 @@ def test_two_workers_hand_the_encoder_the_same_frames_as_one() -> None:
     """Seeds, instructions, successes and every frame (each camera's rendered image, the state, the
     expert's action) that reach the writer are bit-equal with one process and with two workers."""
     serial, parallel = _first_episodes(1), _first_episodes(2)
+    frame_keys = {"observation.state", "observation.images.corner2", "observation.images.topview", "action"}
     assert [(seed, success) for seed, _, _, success in serial] == [(5, True), (6, True), (7, True)] * 2
     for (seed, instruction, frames, success), other in zip(serial, parallel, strict=True):
         assert (seed, instruction, len(frames), success) == (other[0], other[1], len(other[2]), other[3])
         for index, (a, b) in enumerate(zip(frames, other[2])):
-            assert (
-                a.keys()
-                == b.keys()
-                == {
-                    "observation.state",
-                    "observation.images.corner2",
-                    "observation.images.topview",
-                    "action",
-                }
-            )
+            assert a.keys() == b.keys() == frame_keys
             for key in a:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=f"seed {seed} frame {index} {key}")
 
