@@ -40,9 +40,11 @@ def test_two_workers_hand_the_encoder_the_same_frames_as_one() -> None:
     serial, parallel = _first_episodes(1), _first_episodes(2)
     frame_keys = {"observation.state", "observation.images.corner2", "observation.images.topview", "action"}
     assert [(seed, success) for seed, _, _, success in serial] == [(5, True), (6, True), (7, True)] * 2
-    for (seed, instruction, frames, success), other in zip(serial, parallel, strict=True):
-        assert (seed, instruction, len(frames), success) == (other[0], other[1], len(other[2]), other[3])
-        for index, (a, b) in enumerate(zip(frames, other[2])):
+    for (seed, instruction, frames, success), (seed2, instruction2, frames2, success2) in zip(
+        serial, parallel, strict=True
+    ):
+        assert (seed, instruction, len(frames), success) == (seed2, instruction2, len(frames2), success2)
+        for index, (a, b) in enumerate(zip(frames, frames2)):
             assert a.keys() == b.keys() == frame_keys
             for key in a:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=f"seed {seed} frame {index} {key}")
