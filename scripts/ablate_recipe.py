@@ -40,7 +40,7 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "recipe": ("experiment=metaworld as documented", []),
     "shift_augmentation": ("random shifts (4 px) + colour jitter", ["image_transforms=shift"]),
     "openpi_augmentation": ("openpi's crop, rotation and colour jitter", ["image_transforms=openpi"]),
-    "ema": ("EMA of the weights (0.999), evaluated with it", ["trainer.ema_decay=0.999"]),
+    "ema": ("EMA of the weights (0.999, warmed up), evaluated with it", ["trainer.ema_decay=0.999"]),
     "steps_4000": ("twice the steps", ["trainer.steps=4000"]),
     "steps_8000": ("four times the steps (8000; the schedule spans them)", ["trainer.steps=8000"]),
     "demos_200_steps_8000": (

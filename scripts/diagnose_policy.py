@@ -1,8 +1,10 @@
-"""Why a MetaWorld policy fails a task: does it act on the goal, and do its image tokens hold the goal?
+"""Why a MetaWorld policy fails a task: does it act on the goal, do its image tokens hold the goal, and does
+it follow its instruction?
 
-    python scripts/diagnose_policy.py RUN_DIR --task reach-v3 [--seeds 16] [--probe-train 300] [--json out.json]
+    python scripts/diagnose_policy.py RUN_DIR --task reach-v3 [--seeds 16] [--probe-train 300]
+        [--follow-episodes 20] [--follow reach-v3,push-v3] [--json out.json]
 
-Two measurements on one task, from the run's export:
+Three measurements on one task, from the run's export:
 1. Action against the expert, at the first frame of an episode and --later expert steps into it: per
    action dim, the correlation (and mean absolute error) of the policy's first action with the
    expert's, on the dataset's training seeds and on new seeds (from 1000). A policy that reads the
@@ -10,6 +12,13 @@ Two measurements on one task, from the run's export:
 2. A linear probe (ridge, standardised features) from the policy's image tokens in the first frame to
    the goal position, fitted on --probe-train new layouts or on the training layouts, scored (R² per
    axis, RMSE in mm) on 100 other new layouts. High R² from many layouts: the encoder carries the goal.
+3. Instruction following: the task's episodes on --follow-episodes new layouts, played in closed loop
+   once with each instruction of --follow (default: every task the run trained on). Per instruction:
+   success, and medians over episodes of the tool centre point's closest approach to the goal and to
+   the object, of how far the object moved, and (failed episodes) of the per-axis error at the closest
+   approach to the goal. A policy that follows its instruction acts differently under each (under push's,
+   it goes for the puck); one that does not acts the same whatever it is told. The axis errors say where
+   a failing policy misses.
 
 The run must have been trained on data=metaworld (its cameras and resolution are read from the
 config). Prints a table and writes JSON.
@@ -30,10 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vla.sim  # noqa: E402,F401  (chooses EGL before mujoco loads)
+from vla.eval.closed_loop import ClosedLoopSettings, run_episodes  # noqa: E402
 from vla.eval.policy_runner import load_run_policy, run_data_config, run_dataset_root  # noqa: E402
 from vla.help_format import HelpFormatter  # noqa: E402
 from vla.sim.demos import MARKER_PATH, training_seeds  # noqa: E402
-from vla.sim.metaworld_env import MetaWorldEnv  # noqa: E402
+from vla.sim.metaworld_env import MetaWorldEnv, instruction, parse_tasks  # noqa: E402
 
 NEW_SEED = 1000
 
@@ -45,6 +55,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=16, help="episodes per seed set for the action check")
     parser.add_argument("--later", type=int, default=15, help="expert steps before the second action check")
     parser.add_argument("--probe-train", type=int, default=300, help="new layouts the probe is fitted on")
+    parser.add_argument(
+        "--follow-episodes",
+        type=int,
+        default=20,
+        help="episodes per instruction in the instruction check (0: skip)",
+    )
+    parser.add_argument(
+        "--follow",
+        default=None,
+        help="comma-separated tasks whose instructions are tried (default: the run's tasks)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     return parser.parse_args()
 
@@ -120,6 +141,47 @@ def goal_probe(actor: Any, env: MetaWorldEnv, train_seeds: list[int], fresh: int
     return out
 
 
+def _median_mm(values: list[float]) -> float | None:
+    return round(float(np.median(values)) * 1e3, 1) if values else None
+
+
+def instruction_following(
+    actor: Any, task: str, settings: ClosedLoopSettings, instructions: dict[str, str], seeds: list[int]
+) -> dict[str, Any]:
+    """Per instruction (task name -> text): `task`'s episodes on `seeds` played with that text, where the tcp
+    went (closest to goal and object), how far the object moved, and failures' per-axis miss (mm)."""
+    out: dict[str, Any] = {}
+    for name, text in instructions.items():
+        tracks: dict[int, dict[str, Any]] = {}
+
+        def observe(env: MetaWorldEnv, tracks: dict[int, dict[str, Any]] = tracks) -> None:
+            where = env.positions()
+            track = tracks.setdefault(
+                env.seed, {"object0": where["object"], "moved": 0.0, "goal": [], "object": [], "miss": []}
+            )
+            miss = where["tcp"] - where["goal"]
+            track["goal"].append(float(np.linalg.norm(miss)))
+            track["object"].append(float(np.linalg.norm(where["tcp"] - where["object"])))
+            track["miss"].append(np.abs(miss))
+            track["moved"] = max(track["moved"], float(np.linalg.norm(where["object"] - track["object0"])))
+
+        results, _ = run_episodes(actor, task, seeds, settings, instruction=text, observer=observe)
+        episodes = [(r, tracks[r.seed]) for r in results]
+        failed = [t["miss"][int(np.argmin(t["goal"]))] for r, t in episodes if not r.success]
+        out[name] = {
+            "instruction": text,
+            "episodes": len(results),
+            "success_rate": sum(r.success for r in results) / len(results),
+            "closest_tcp_goal_mm": _median_mm([min(t["goal"]) for _, t in episodes]),
+            "closest_tcp_object_mm": _median_mm([min(t["object"]) for _, t in episodes]),
+            "object_moved_mm": _median_mm([t["moved"] for _, t in episodes]),
+            "failed_miss_at_closest_xyz_mm": (np.median(failed, axis=0) * 1e3).round(1).tolist()
+            if failed
+            else None,
+        }
+    return out
+
+
 def main() -> int:
     args = parse_args()
     data = run_data_config(args.run_dir)
@@ -162,6 +224,13 @@ def main() -> int:
         }
     finally:
         env.close()
+    if args.follow_episodes > 0:
+        follow = parse_tasks(args.follow) if args.follow else list(training_seeds(root))
+        settings = ClosedLoopSettings(cameras=env.cameras, resolution=env.resolution)
+        seeds = list(range(NEW_SEED, NEW_SEED + args.follow_episodes))
+        result["instructions"] = instruction_following(
+            actor, args.task, settings, {t: instruction(t) for t in follow}, seeds
+        )
     for seeds, checks in result["actions"].items():
         for when, values in checks.items():
             corr = ", ".join("-" if c is None else f"{c:.2f}" for c in values["corr"])
@@ -169,6 +238,14 @@ def main() -> int:
     for fit, values in result["goal_probe"].items():
         if isinstance(values, dict):
             print(f"goal probe fitted on {fit:<22} R² xyz {values['r2_xyz']}  RMSE mm {values['rmse_mm']}")
+    for name, row in result.get("instructions", {}).items():
+        miss = row["failed_miss_at_closest_xyz_mm"]
+        print(
+            f"{args.task} told {row['instruction']!r} ({name}): success {row['success_rate']:.0%} of "
+            f"{row['episodes']}, closest tcp-goal {row['closest_tcp_goal_mm']} mm, tcp-object "
+            f"{row['closest_tcp_object_mm']} mm, object moved {row['object_moved_mm']} mm"
+            + (f", failures miss x/y/z by {miss} mm at their closest" if miss else "")
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

@@ -14,6 +14,7 @@ from vla.eval.closed_loop import (
     RandomPolicy,
     ZeroPolicy,
     evaluate_closed_loop,
+    run_episodes,
     wilson_interval,
     write_report,
 )
@@ -175,3 +176,49 @@ def test_rendering_only_the_replanning_frame_changes_nothing(monkeypatch) -> Non
     # eager: the 3 resets and every step; lazy: the resets and at most one frame per chunk played
     assert len(renders) - eager_policy.calls == sum(r.steps for r in eager.tasks[0].results) + 3
     assert lazy_renders <= lazy_policy.calls + 3 < (len(renders) - eager_policy.calls) / 3
+
+
+class _ToldPolicy:
+    """Moves toward the goal when told 'reach the goal', toward the object otherwise; logs what it was told."""
+
+    name = "told"
+
+    def __init__(self) -> None:
+        self.told: list[str] = []
+
+    def act(self, envs, observations) -> np.ndarray:
+        chunks = []
+        for env, observation in zip(envs, observations):
+            self.told.append(observation["task"])
+            where = env.positions()
+            target = where["goal"] if observation["task"] == "reach the goal" else where["object"]
+            direction = np.clip((target - where["tcp"]) * 100, -1, 1)
+            chunks.append(np.tile(np.append(direction, -1.0), (4, 1)))
+        return np.stack(chunks).astype(np.float32)
+
+
+def test_run_episodes_gives_the_instruction_and_shows_every_step() -> None:
+    """instruction= replaces the task's text in every observation; observer sees each reset and step."""
+    settings = ClosedLoopSettings(cameras=("corner2",), resolution=16, max_episode_steps=40, replan_every=4)
+    for text in ("reach the goal", "push the puck to the goal"):
+        policy, seen = _ToldPolicy(), []
+
+        def observe(env, seen=seen) -> None:
+            where = env.positions()
+            seen.append((env.seed, env.steps, np.linalg.norm(where["tcp"] - where["goal"]),
+                         np.linalg.norm(where["tcp"] - where["object"])))  # fmt: skip
+
+        results, _ = run_episodes(
+            policy, "reach-v3", [1000, 1001], settings, instruction=text, observer=observe
+        )
+        assert set(policy.told) == {text}
+        for r in results:  # steps 0 (the reset) .. the last, once each
+            assert [s for seed, s, *_ in seen if seed == r.seed] == list(range(r.steps + 1))
+        goal = {seed: [d for s2, _, d, _ in seen if s2 == seed] for seed in (1000, 1001)}
+        obj = {seed: [d for s2, _, _, d in seen if s2 == seed] for seed in (1000, 1001)}
+        if text == "reach the goal":  # toward the goal: success, the tcp within 5 cm of it at the end
+            assert all(r.success for r in results)
+            assert all(goal[s][-1] <= 0.05 < goal[s][0] for s in goal)
+        else:  # toward the puck: the tcp ends within 3 cm of it, never within 5 cm of the goal here
+            assert not any(r.success for r in results)
+            assert all(obj[s][-1] < 0.03 < obj[s][0] for s in obj)

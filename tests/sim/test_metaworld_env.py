@@ -43,6 +43,27 @@ def test_observation_layout_and_ranges() -> None:
         assert action.shape == (4,) and action.dtype == np.float32 and np.abs(action).max() <= 1.0
 
 
+def test_positions_name_what_metaworld_measures() -> None:
+    """positions(): hand = the state's, tcp = MetaWorld's tcp (4-5 cm below the hand), object = the task's
+    object (push's puck), goal = its target; copies, and refused before a reset."""
+    with MetaWorldEnv("push-v3", ("corner2",), 16) as env:
+        with pytest.raises(SimError, match="reset"):
+            env.positions()
+        obs = env.reset(7)
+        where = env.positions()
+        np.testing.assert_allclose(where["hand"], obs["observation.state"][:3], atol=1e-6)
+        np.testing.assert_array_equal(where["tcp"], env._env.tcp_center)
+        np.testing.assert_array_equal(where["object"], env._env._get_pos_objects())
+        np.testing.assert_array_equal(where["goal"], env._env._target_pos)
+        assert 0.03 < where["hand"][2] - where["tcp"][2] < 0.06
+        assert np.abs(where["hand"][:2] - where["tcp"][:2]).max() < 0.01
+        where["goal"][:] = 0
+        np.testing.assert_array_equal(env.positions()["goal"], env._env._target_pos)  # a copy was changed
+        for _ in range(5):
+            env.step(np.array([0, 0, -1, 0], dtype=np.float32), observe=False)
+        assert env.positions()["hand"][2] < obs["observation.state"][2] - 0.01  # it follows the state
+
+
 def test_expert_succeeds_and_done_at_success() -> None:
     with MetaWorldEnv("reach-v3", ("corner2",), 32, max_episode_steps=150) as env:
         env.reset(3)

@@ -227,7 +227,8 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     # scripts/diagnose_policy.py on one of these runs: both measurements come out, well-formed.
     report = tmp_path / "diagnosis.json"
     diagnose = [sys.executable, str(ROOT / "scripts/diagnose_policy.py"), str(out / "runs" / "adamw_lr0.001_seed0"),
-                "--task=reach-v3", "--seeds=2", "--later=2", "--probe-train=6", f"--json={report}"]  # fmt: skip
+                "--task=reach-v3", "--seeds=2", "--later=2", "--probe-train=6", "--follow-episodes=2",
+                "--follow=reach-v3,push-v3", f"--json={report}"]  # fmt: skip
     result = subprocess.run(diagnose, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     diagnosis = json.loads(report.read_text())
@@ -238,3 +239,13 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     probe = diagnosis["goal_probe"]
     assert probe["feature_dims"] > 0 and len(probe["6_new_layouts"]["r2_xyz"]) == 3
     assert "goal probe fitted on 6_new_layouts" in result.stdout
+    told = diagnosis["instructions"]
+    assert list(told) == ["reach-v3", "push-v3"]
+    assert [row["instruction"] for row in told.values()] == ["reach the goal", "push the puck to the goal"]
+    for row in told.values():
+        assert row["episodes"] == 2 and 0.0 <= row["success_rate"] <= 1.0
+        assert 0 < row["closest_tcp_goal_mm"] < 1000 and 0 < row["closest_tcp_object_mm"] < 1000
+        assert row["object_moved_mm"] >= 0
+        miss = row["failed_miss_at_closest_xyz_mm"]
+        assert miss is None if row["success_rate"] == 1.0 else len(miss) == 3
+    assert "reach-v3 told 'push the puck to the goal' (push-v3): success" in result.stdout

@@ -178,8 +178,15 @@ def run_episodes(
     settings: ClosedLoopSettings,
     *,
     record: int = 0,
+    instruction: str | None = None,
+    observer: Callable[[MetaWorldEnv], None] | None = None,
 ) -> tuple[list[EpisodeResult], list[np.ndarray]]:
-    """Run one task's episodes on `seeds`; also return the frames (T, R, C * R, 3) of the first `record`."""
+    """Run one task's episodes on `seeds`; also return the frames (T, R, C * R, 3) of the first `record`.
+
+    instruction: the text the policy is given instead of the task's own (a diagnosis: does it follow it?).
+    observer(env): called after every reset and every step of every episode; `env.seed` and `env.steps`
+        say which episode and step, `env.positions()` where things are.
+    """
     results: list[EpisodeResult] = []
     videos: list[np.ndarray] = []
     batch = max(1, min(settings.parallel_envs, len(seeds)))
@@ -187,12 +194,15 @@ def run_episodes(
         MetaWorldEnv(task, settings.cameras, settings.resolution, settings.max_episode_steps)
         for _ in range(batch)
     ]
+    if instruction is not None:
+        for env in envs:
+            env.instruction = instruction
     try:
         for start in range(0, len(seeds), batch):
             group = list(seeds[start : start + batch])
             recorded = max(0, min(record - start, len(group)))
             group_results, group_videos = _run_group(
-                policy, envs[: len(group)], group, recorded, settings.replan_every
+                policy, envs[: len(group)], group, recorded, settings.replan_every, observer
             )
             results += group_results
             videos += group_videos
@@ -207,10 +217,18 @@ def _frame(observation: Mapping[str, Any], cameras: Sequence[str]) -> np.ndarray
 
 
 def _run_group(
-    policy: ChunkPolicy, envs: list[MetaWorldEnv], seeds: list[int], record: int, replan_every: int
+    policy: ChunkPolicy,
+    envs: list[MetaWorldEnv],
+    seeds: list[int],
+    record: int,
+    replan_every: int,
+    observer: Callable[[MetaWorldEnv], None] | None = None,
 ) -> tuple[list[EpisodeResult], list[np.ndarray]]:
     """Episodes on `seeds` in lockstep, one env each; every active env replans at the same step."""
     observations: list[Any] = [env.reset(seed) for env, seed in zip(envs, seeds)]
+    if observer is not None:
+        for env in envs:
+            observer(env)
     frames: list[list[np.ndarray]] = [[_frame(o, env.cameras)] for o, env in zip(observations[:record], envs)]
     results: list[EpisodeResult | None] = [None] * len(envs)
     distances: list[list[float]] = [[] for _ in envs]
@@ -230,6 +248,8 @@ def _run_group(
                 # only the frame the next chunk is planned from is rendered (and every frame of a recording)
                 observe = k == played - 1 or i < record
                 step = envs[i].step(chunk[row, k], observe=observe)
+                if observer is not None:
+                    observer(envs[i])
                 if observe:
                     observations[i] = step.observation
                 if i < record:

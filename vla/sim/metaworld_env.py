@@ -187,6 +187,9 @@ class MetaWorldEnv:
         or our workspace views (FREE_VIEWS).
     resolution: image height = width in pixels.
     max_episode_steps: `step` reports done after this many steps (at most MetaWorld's 500).
+
+    `instruction` is the text observations carry as "task": the task's own (`instruction(task)`) unless
+    replaced, e.g. to test whether a policy follows it (vla.eval.closed_loop.run_episodes).
     """
 
     def __init__(
@@ -327,6 +330,20 @@ class MetaWorldEnv:
         """(4,) float32: hand position (x, y, z) and gripper opening."""
         assert self._raw is not None
         return self._raw[:STATE_DIM].astype(np.float32)
+
+    def positions(self) -> dict[str, np.ndarray]:
+        """World positions (3,) float64 in metres of the current state, for diagnosing a policy:
+        "hand" (observation.state[:3]), "tcp" (the tool centre point between the fingertips, which
+        reach's success is measured from), "object" (the task's first object as MetaWorld observes it:
+        push's puck, drawer-open's handle) and "goal"."""
+        if self._raw is None:
+            raise SimError("call reset(seed) before positions()")
+        return {
+            "hand": self._raw[:3].copy(),
+            "tcp": np.array(self._env.tcp_center, dtype=np.float64),
+            "object": self._raw[4:7].copy(),
+            "goal": self._raw[-3:].copy(),
+        }
 
     def render(self, camera: str) -> np.ndarray:
         """(R, R, 3) uint8 upright image from one of this env's cameras."""

@@ -389,6 +389,8 @@ class TrainerConfig:
     # compile_mode: null (inductor's default) | reduce-overhead | max-autotune | max-autotune-no-cudagraphs
     compile: bool = False
     compile_mode: str | None = None
+    # EMA of the weights (validation, closed loop and export use it); warmed up as TensorFlow and diffusers
+    # do: the n-th update uses min(ema_decay, (1 + n) / (10 + n)) (vla.training.ema)
     ema_decay: float | None = None
     log_every: int = 1
     val_every: int = 50

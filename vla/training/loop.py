@@ -573,7 +573,7 @@ class Trainer:
                 self.scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.ema is not None:
-                    self.ema.update(self.model)
+                    self.ema.update(self.model, self.step)
                 times.optimizer_s = time.perf_counter() - start
                 times.optimizer_comm_s = getattr(_inner(self.optimizer), "last_step_stats", {}).get(
                     "comm_wait_s", 0.0
