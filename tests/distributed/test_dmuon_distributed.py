@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _thread
 import multiprocessing
+import signal
 import threading
 import time
 
@@ -166,7 +167,10 @@ def test_a_hang_is_cut_at_the_deadline_naming_where_each_rank_was() -> None:
 
 
 def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:
-    # What pytest-timeout or Ctrl-C does to the parent's wait: an exception raised inside it.
+    # What pytest-timeout or Ctrl-C does to the parent's wait: an exception raised inside it. A shell
+    # starts background jobs (`cmd &`, nohup) with SIGINT ignored, and interrupt_main() then does nothing:
+    # Python's own handler is installed for the test's duration.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(8.0, _thread.interrupt_main)
     timer.start()
     try:
@@ -174,6 +178,7 @@ def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:
             run_ranks("workers:hanging_rank", 2, timeout=120, pg_timeout=300)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert multiprocessing.active_children() == []  # killed and joined, not left running
 
 
