@@ -146,14 +146,16 @@ def test_a_wrong_dataset_root_names_the_path(tmp_path: Path) -> None:
 # Command lines as documented (issue 11)
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = README.parent / "docs"
 
 
 def _documented_command_lines() -> list[list[str]]:
-    """The overrides of every `train.py` command line in the README's and configs' examples; a sweep
-    (`-m`, comma-separated values) contributes each of its jobs."""
+    """The overrides of every `train.py` command line in the README's, docs/'s and configs' examples; a
+    sweep (`-m`, comma-separated values) contributes each of its jobs."""
     import shlex
 
-    texts = [README.read_text()] + [p.read_text() for p in CONFIGS.rglob("*.yaml")]
+    texts = [README.read_text()] + [p.read_text() for p in sorted(DOCS.rglob("*.md"))]
+    texts += [p.read_text() for p in CONFIGS.rglob("*.yaml")]
     lines = []
     for text in texts:
         joined = text.replace("\\\n", " ")
@@ -179,6 +181,8 @@ def _documented_command_lines() -> list[list[str]]:
 def test_every_documented_command_line_composes() -> None:
     lines = _documented_command_lines()
     assert len(lines) >= 12, lines
+    # The ablations' record (docs/ablations/README.md) keeps its commands: they are checked too.
+    assert ["experiment=metaworld", "data.metaworld.episodes=400"] in lines
     joined = [" ".join(o) for o in lines]
     assert any("data.camera_map={observation.images.cam_high: base_0_rgb" in j for j in joined)
     assert any("model.overrides={vlm: {depth: 4}}" in j for j in joined)
