@@ -9,6 +9,10 @@ Three measurements on one task, from the run's export:
    action dim, the correlation (and mean absolute error) of the policy's first action with the
    expert's, on the dataset's training seeds and on new seeds (from 1000). A policy that reads the
    goal matches at the first frame; one that only continues a motion it sees matches later only.
+   Then which input that later match comes from (the copycat check): the later action again, once with the
+   state of the first frame and the later images, once with the first frame's images and the later state.
+   A policy that reads the direction off the hand's offset from its start pose (state) rather than off the
+   goal in its images keeps the match with the later state alone and loses it with the first state.
 2. A linear probe (ridge, standardised features) from the policy's image tokens in the first frame to
    the goal position, fitted on --probe-train new layouts or on the training layouts, scored (R² per
    axis, RMSE in mm) on 100 other new layouts. High R² from many layouts: the encoder carries the goal.
@@ -88,6 +92,36 @@ def action_agreement(actor: Any, env: MetaWorldEnv, seeds: list[int], later: int
             expert.append(np.clip(env.expert_action(), -1, 1))
             policy.append(actor.act([env], [observation])[0][0])
         p, e = np.array(policy), np.array(expert)
+        out[name] = {
+            "corr": [_corr(p[:, d], e[:, d]) for d in range(p.shape[1])],
+            "mae": np.abs(p - e).mean(0).astype(float).round(3).tolist(),
+        }
+    return out
+
+
+def state_or_image(actor: Any, env: MetaWorldEnv, seeds: list[int], later: int) -> dict[str, Any]:
+    """Per dim: correlation and MAE with the expert's action `later` steps in, of the policy's first
+    action given that moment's images with the first frame's state, and the first frame's images with
+    that moment's state."""
+    swaps: dict[str, list[np.ndarray]] = {"later_images_first_state": [], "first_images_later_state": []}
+    expert = []
+    for seed in seeds:
+        first = env.reset(seed)
+        observation = first
+        for _ in range(later):
+            observation = env.step(env.expert_action()).observation
+        expert.append(np.clip(env.expert_action(), -1, 1))
+        state = "observation.state"
+        swapped = {
+            "later_images_first_state": {**observation, state: first[state]},
+            "first_images_later_state": {**first, state: observation[state]},
+        }
+        for name, inputs in swapped.items():
+            swaps[name].append(actor.act([env], [inputs])[0][0])
+    e = np.array(expert)
+    out: dict[str, Any] = {}
+    for name, actions in swaps.items():
+        p = np.array(actions)
         out[name] = {
             "corr": [_corr(p[:, d], e[:, d]) for d in range(p.shape[1])],
             "mae": np.abs(p - e).mean(0).astype(float).round(3).tolist(),
@@ -222,6 +256,9 @@ def main() -> int:
             },
             "goal_probe": goal_probe(actor, env, trained, args.probe_train),
         }
+        result["actions"]["new_seeds_swapped"] = state_or_image(
+            actor, env, list(range(NEW_SEED, NEW_SEED + args.seeds)), args.later
+        )
     finally:
         env.close()
     if args.follow_episodes > 0:
@@ -234,7 +271,7 @@ def main() -> int:
     for seeds, checks in result["actions"].items():
         for when, values in checks.items():
             corr = ", ".join("-" if c is None else f"{c:.2f}" for c in values["corr"])
-            print(f"{seeds:<15} {when:<24} corr with expert per dim [{corr}]  mae {values['mae']}")
+            print(f"{seeds:<17} {when:<26} corr with expert per dim [{corr}]  mae {values['mae']}")
     for fit, values in result["goal_probe"].items():
         if isinstance(values, dict):
             print(f"goal probe fitted on {fit:<22} R² xyz {values['r2_xyz']}  RMSE mm {values['rmse_mm']}")

@@ -376,3 +376,14 @@ def test_lerobot_config_json_for_the_full_size_pi0() -> None:
     assert config["time_sampling_scale"] == pytest.approx(0.999) and config["time_sampling_offset"] == 0.001
     assert lerobot_unsupported(PRESETS["pi0"]) is None
     assert "vlm is not gemma_2b" in lerobot_unsupported(PRESETS["pi0_small"])
+
+
+def test_loading_weights_into_a_state_blind_pi0_keeps_its_state_weight_at_zero(tmp_path) -> None:
+    source = build_policy("pi0_tiny")
+    assert source.state_proj.weight.abs().max() > 0
+    path = save_pi0_weights(source, tmp_path / "source.safetensors")
+    blind = build_policy("pi0_tiny", use_state=False)
+    load_pi0_weights(blind, path)
+    assert blind.state_proj.weight.abs().max() == 0 and not blind.state_proj.weight.requires_grad
+    torch.testing.assert_close(blind.state_proj.bias, source.state_proj.bias)
+    torch.testing.assert_close(blind.action_out_proj.weight, source.action_out_proj.weight)

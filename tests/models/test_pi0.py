@@ -256,3 +256,39 @@ def test_calling_the_policy_is_compute_loss() -> None:
     called, _ = policy(batch, noise=noise, time=time)
     direct, _ = policy.compute_loss(batch, noise=noise, time=time)
     assert torch.equal(called, direct)
+
+
+def test_use_state_false_ignores_the_state_and_keeps_its_weight_at_zero() -> None:
+    torch.manual_seed(0)
+    policy = build_policy("pi0_tiny", use_state=False)
+    assert not policy.state_proj.weight.requires_grad
+    assert policy.state_proj.weight.abs().max() == 0 and policy.state_proj.bias.requires_grad
+    batch = make_batch(policy.config, 2)
+    other_state = dataclasses.replace(batch.observation, state=batch.observation.state + 3.0)
+    other = dataclasses.replace(batch, observation=other_state)
+    flow = _fixed_flow(batch)
+    noise = torch.randn(2, policy.config.action_horizon, policy.config.max_action_dim)
+    torch.testing.assert_close(
+        policy.compute_loss(batch, **flow)[0], policy.compute_loss(other, **flow)[0], rtol=0, atol=0
+    )
+    torch.testing.assert_close(
+        policy.sample_actions(batch.observation, noise=noise),
+        policy.sample_actions(other_state, noise=noise),
+        rtol=0,
+        atol=0,
+    )
+    # The default reads it: the same change of state changes the loss.
+    reading = build_policy("pi0_tiny")
+    assert reading.compute_loss(batch, **flow)[0] != reading.compute_loss(other, **flow)[0]
+    # Training moves the state token's bias but never the weight, which the export carries as zeros.
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    bias = policy.state_proj.bias.detach().clone()
+    for _ in range(3):
+        loss, _ = policy.compute_loss(batch, **flow)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert policy.state_proj.weight.abs().max() == 0
+    assert not torch.equal(policy.state_proj.bias, bias)
+    with pytest.raises(ValueError, match="use_state must be true or false"):
+        build_policy("pi0_tiny", use_state="no")

@@ -236,6 +236,9 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
         checks = diagnosis["actions"][seeds]
         assert set(checks) == {"first_frame", "after_2_expert_steps"}
         assert all(len(c["corr"]) == 4 and len(c["mae"]) == 4 for c in checks.values())
+    swapped = diagnosis["actions"]["new_seeds_swapped"]
+    assert set(swapped) == {"later_images_first_state", "first_images_later_state"}
+    assert all(len(c["corr"]) == 4 and len(c["mae"]) == 4 for c in swapped.values())
     probe = diagnosis["goal_probe"]
     assert probe["feature_dims"] > 0 and len(probe["6_new_layouts"]["r2_xyz"]) == 3
     assert "goal probe fitted on 6_new_layouts" in result.stdout

@@ -111,3 +111,21 @@ def test_hsdp_on_two_nodes_of_two_follows_the_single_process_trajectory(runs, tm
     output = bad.stdout + bad.stderr
     assert bad.returncode != 0 and output.count("got parallel.replicas=4") == 1, output[-3000:]
     assert "vla/training/" not in output  # one short block, no worker traceback
+
+
+def test_a_state_blind_policy_under_fsdp2_follows_one_process_and_exports_no_state_weight(runs) -> None:
+    """model.overrides use_state=false: its frozen zero weight shares an FSDP2 unit with a trainable bias."""
+    from safetensors.torch import load_file
+
+    blind = ["trainer.steps=6", "trainer.warmup_steps=2", "model.overrides={use_state: false}"]
+    out = {name: runs["base"] / f"blind_{name}" for name in ("single", "fsdp2")}
+    run_in_process(tiny_overrides(runs["dataset"], out["single"], *blind))
+    run_torchrun(tiny_overrides(runs["dataset"], out["fsdp2"], *blind, "parallel=fsdp2"), nproc=2)
+    torch.testing.assert_close(
+        torch.tensor(losses(out["fsdp2"])), torch.tensor(losses(out["single"])), rtol=2e-4, atol=0
+    )
+    assert losses(out["single"]) != losses(runs["single"])[:6]
+    for run in out.values():
+        exported = load_file(str(run / "policy.safetensors"))
+        assert exported["model.state_proj.weight"].abs().max() == 0
+        assert exported["model.state_proj.bias"].abs().max() > 0

@@ -220,6 +220,11 @@ class Pi0Config(PolicyConfig):
         t = Beta(alpha, beta) * (1 - time_min) + time_min, so t = 1 is pure noise and t never reaches 0.
     time_min_period / time_max_period: periods of the sinusoidal time embedding.
     train_expert_only: freeze the whole PaliGemma prefix (vision, projector, embedding, VLM layers).
+    use_state: read `observation.state` (pi0's default). False makes the state token state_proj's bias
+        alone, whatever the state, with state_proj.weight held at zero and frozen, so that an export
+        ignores the state in LeRobot's PI0Policy too. Against the copycat shortcut: where every
+        demonstration starts from one hand pose, the hand's offset from it tells the direction of the
+        motion, and a policy that learns to read that never learns to read the goal from its images.
     """
 
     kind: ClassVar[str] = "pi0"
@@ -232,6 +237,7 @@ class Pi0Config(PolicyConfig):
     time_min_period: float = 4e-3
     time_max_period: float = 4.0
     train_expert_only: bool = False
+    use_state: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.expert, dict):
@@ -251,6 +257,10 @@ class Pi0Config(PolicyConfig):
             f"Pi0Config.expert.width must be even (sin/cos time embedding), got {self.expert.width}",
         )
         _require_positive_ints("Pi0Config", num_inference_steps=self.num_inference_steps)
+        _require(
+            isinstance(self.use_state, bool),
+            f"Pi0Config.use_state must be true or false, got {self.use_state!r}",
+        )
         _require(
             self.time_beta_alpha > 0 and self.time_beta_beta > 0,
             f"Pi0Config.time_beta_alpha/beta must be > 0, got {self.time_beta_alpha}, {self.time_beta_beta}",

@@ -81,6 +81,8 @@ class Pi0Policy(PaliGemmaPolicyBase):
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
+        if not config.use_state:
+            self.hold_state_weight_at_zero()
 
         if config.freeze_vision_tower or config.train_expert_only:
             self.prefix_embedder.vision_tower.requires_grad_(False)
@@ -178,9 +180,17 @@ class Pi0Policy(PaliGemmaPolicyBase):
         ar[:2] = True
         return ar
 
+    def hold_state_weight_at_zero(self) -> None:
+        """For use_state=False: zero and freeze state_proj.weight (again after weights are loaded)."""
+        with torch.no_grad():
+            self.state_proj.weight.zero_()
+        self.state_proj.weight.requires_grad_(False)
+
     def embed_suffix(self, state: Tensor, x_t: Tensor, time: Tensor) -> Tensor:
         """State token + action tokens (B, 1 + H, W_expert): action_in_proj(x_t) fused with the time."""
         width = self.config.expert.width
+        if not self.config.use_state:
+            state = torch.zeros_like(state)
         state_token = self.state_proj(state)[:, None, :]
         action_tokens = self.action_in_proj(x_t)
         time_embedding = sinusoidal_time_embedding(
