@@ -80,6 +80,15 @@ def _corr(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(np.corrcoef(a, b)[0, 1])
 
 
+def _agreement(actions: list[np.ndarray], expert: list[np.ndarray]) -> dict[str, Any]:
+    """Per action dim: correlation and mean absolute error of the policy's actions with the expert's."""
+    p, e = np.array(actions), np.array(expert)
+    return {
+        "corr": [_corr(p[:, d], e[:, d]) for d in range(p.shape[1])],
+        "mae": np.abs(p - e).mean(0).astype(float).round(3).tolist(),
+    }
+
+
 def action_agreement(actor: Any, env: MetaWorldEnv, seeds: list[int], later: int) -> dict[str, Any]:
     """Per dim: correlation and MAE of the policy's first action with the expert's, at frame 0 and later."""
     out: dict[str, Any] = {}
@@ -91,11 +100,7 @@ def action_agreement(actor: Any, env: MetaWorldEnv, seeds: list[int], later: int
                 observation = env.step(env.expert_action()).observation
             expert.append(np.clip(env.expert_action(), -1, 1))
             policy.append(actor.act([env], [observation])[0][0])
-        p, e = np.array(policy), np.array(expert)
-        out[name] = {
-            "corr": [_corr(p[:, d], e[:, d]) for d in range(p.shape[1])],
-            "mae": np.abs(p - e).mean(0).astype(float).round(3).tolist(),
-        }
+        out[name] = _agreement(policy, expert)
     return out
 
 
@@ -118,15 +123,7 @@ def state_or_image(actor: Any, env: MetaWorldEnv, seeds: list[int], later: int) 
         }
         for name, inputs in swapped.items():
             swaps[name].append(actor.act([env], [inputs])[0][0])
-    e = np.array(expert)
-    out: dict[str, Any] = {}
-    for name, actions in swaps.items():
-        p = np.array(actions)
-        out[name] = {
-            "corr": [_corr(p[:, d], e[:, d]) for d in range(p.shape[1])],
-            "mae": np.abs(p - e).mean(0).astype(float).round(3).tolist(),
-        }
-    return out
+    return {name: _agreement(actions, expert) for name, actions in swaps.items()}
 
 
 def _tokens(actor: Any, env: MetaWorldEnv, seeds: range | list[int]) -> tuple[np.ndarray, np.ndarray]:

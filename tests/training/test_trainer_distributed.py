@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 from _trainer_runs import losses, run_in_process, run_torchrun, summary, tiny_overrides
+from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiproc]
 
@@ -115,8 +116,6 @@ def test_hsdp_on_two_nodes_of_two_follows_the_single_process_trajectory(runs, tm
 
 def test_a_state_blind_policy_under_fsdp2_follows_one_process_and_exports_no_state_weight(runs) -> None:
     """model.overrides use_state=false: its frozen zero weight shares an FSDP2 unit with a trainable bias."""
-    from safetensors.torch import load_file
-
     blind = ["trainer.steps=6", "trainer.warmup_steps=2", "model.overrides={use_state: false}"]
     out = {name: runs["base"] / f"blind_{name}" for name in ("single", "fsdp2")}
     run_in_process(tiny_overrides(runs["dataset"], out["single"], *blind))

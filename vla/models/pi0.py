@@ -82,7 +82,9 @@ class Pi0Policy(PaliGemmaPolicyBase):
         self.action_time_mlp_out = nn.Linear(width, width)
         self.action_out_proj = nn.Linear(width, config.max_action_dim)
         if not config.use_state:
-            self.hold_state_weight_at_zero()
+            self._hold_state_weight_at_zero()
+            # Whatever loads weights (an external checkpoint, a copy of trained ones), the weight stays 0.
+            self.register_load_state_dict_post_hook(lambda module, _keys: module._hold_state_weight_at_zero())
 
         if config.freeze_vision_tower or config.train_expert_only:
             self.prefix_embedder.vision_tower.requires_grad_(False)
@@ -180,8 +182,8 @@ class Pi0Policy(PaliGemmaPolicyBase):
         ar[:2] = True
         return ar
 
-    def hold_state_weight_at_zero(self) -> None:
-        """For use_state=False: zero and freeze state_proj.weight (again after weights are loaded)."""
+    def _hold_state_weight_at_zero(self) -> None:
+        """For use_state=False: zero and freeze state_proj.weight (at build and after every load)."""
         with torch.no_grad():
             self.state_proj.weight.zero_()
         self.state_proj.weight.requires_grad_(False)

@@ -283,8 +283,6 @@ def _load(policy: nn.Module, tensors: Mapping[str, Tensor], key_map: KeyMap, sou
     on_meta = any(t.is_meta for t in ours.values())
     with torch.no_grad():
         result = policy.load_state_dict(state, strict=False, assign=on_meta)
-    if isinstance(policy, Pi0Policy) and not policy.config.use_state:
-        policy.hold_state_weight_at_zero()
     if result.unexpected_keys:  # cannot happen: names come from policy.state_dict()
         raise RuntimeError(f"internal key-map error, unexpected keys {result.unexpected_keys}")
     return LoadReport(loaded=sorted(state), left_initialised=sorted(left_initialised), ignored=ignored)
