@@ -14,7 +14,8 @@ from _trainer_runs import run_in_process, tiny_overrides
 from vla.training.cli import compose, compose_many
 from vla.training.config import validate
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
 
 
 def _options(group: str) -> list[str]:
@@ -60,6 +61,48 @@ def test_experiments_and_debug_configs_compose(experiment: str) -> None:
     cfg = compose([f"experiment={experiment}", "data.root=/datasets/x"])
     validate(cfg, world_size=1 if cfg.parallel.mode in ("none", "auto") else 2)
     assert compose(["debug=fast"]).model.preset == "pi0_tiny"
+
+
+def test_metaworld_long_is_the_measured_run() -> None:
+    # experiment=metaworld_long reproduces docs/ablations/tgs400_start_nostate_steps10000 (a 4000-step run
+    # continued to 10000): every setting of its trajectory, in one run whose schedule is lengthened at 4000.
+    from omegaconf import OmegaConf
+
+    from vla.training.resume import compare_config, flatten
+
+    saved = flatten(
+        OmegaConf.to_container(
+            OmegaConf.load(ROOT / "docs/ablations/tgs400_start_nostate_steps10000/config.yaml"), resolve=True
+        )
+    )
+    cfg = compose(["experiment=metaworld_long", f"data.root={saved['data.root']}"])
+    problems, _ = compare_config(saved, cfg)
+    assert problems == ["trainer.lengthen_schedule_at: None -> [4000]"]
+    assert (cfg.trainer.steps, cfg.data.metaworld.hand_start_noise, cfg.model.overrides["use_state"]) == (
+        10000,
+        0.1,
+        False,
+    )
+
+
+def test_metaworld_maps_each_recorded_camera_onto_the_model_camera_of_its_name() -> None:
+    default, side, explicit = compose_many(
+        [
+            ["experiment=metaworld"],
+            ["experiment=metaworld", "data.metaworld.cameras=[workspace_side,gripperPOV]"],
+            ["experiment=metaworld", "data.camera_map={observation.images.corner2: topview}"],
+        ]
+    )
+    assert default.data.camera_map == {
+        "observation.images.corner2": "corner2",
+        "observation.images.topview": "topview",
+    }
+    assert side.data.camera_map == {
+        "observation.images.workspace_side": "workspace_side",
+        "observation.images.gripperPOV": "gripperPOV",
+    }
+    assert explicit.data.camera_map == {"observation.images.corner2": "topview"}  # a given map is kept
+    assert compose(["data=synthetic"]).data.camera_map  # other sources keep their config's map
 
 
 def test_command_line_overrides_reach_the_schema() -> None:
@@ -264,6 +307,35 @@ def test_a_short_run_can_follow_a_longer_runs_schedule() -> None:
     ) == pytest.approx(0.1)
     with pytest.raises(ValueError, match=r"trainer\.schedule_steps=20 is shorter than trainer\.steps=30"):
         compose(["trainer.steps=30", "trainer.schedule_steps=20"])
+
+
+def test_lengthen_schedule_at_follows_a_run_continued_to_more_steps() -> None:
+    from vla.training.optim import lr_multiplier
+
+    def trainer(*args: str):
+        return compose(["trainer.warmup_steps=50", *args]).trainer
+
+    first, second, third = (
+        trainer("trainer.steps=4000"),
+        trainer("trainer.steps=8000"),
+        trainer("trainer.steps=10000"),
+    )
+    staged = trainer("trainer.steps=10000", "trainer.lengthen_schedule_at=[4000,8000]")
+    expected = [lr_multiplier(s, first) for s in range(4000)]
+    expected += [lr_multiplier(s, second) for s in range(4000, 8000)]
+    expected += [lr_multiplier(s, third) for s in range(8000, 10000)]
+    assert [lr_multiplier(s, staged) for s in range(10000)] == expected
+    assert lr_multiplier(3999, staged) == pytest.approx(0.1) and lr_multiplier(4000, staged) > 0.5
+    assert lr_multiplier(9999, staged) == pytest.approx(0.1)
+    for bad in ("[8000,4000]", "[4000,4000]", "[40]", "[10000]", "[12000]"):
+        with pytest.raises(ValueError, match=r"trainer\.lengthen_schedule_at=.* must rise strictly"):
+            trainer("trainer.steps=10000", f"trainer.lengthen_schedule_at={bad}")
+    # a short check run of a staged schedule: its end lies inside schedule_steps
+    check = trainer(
+        "trainer.steps=4500", "trainer.schedule_steps=10000", "trainer.lengthen_schedule_at=[4000]"
+    )
+    once = trainer("trainer.steps=10000", "trainer.lengthen_schedule_at=[4000]")
+    assert [lr_multiplier(s, check) for s in range(4500)] == [lr_multiplier(s, once) for s in range(4500)]
 
 
 def test_a_warmup_longer_than_the_run_is_clamped() -> None:

@@ -140,6 +140,31 @@ def test_resume_with_a_longer_schedule_trains_every_step_on_the_new_one(syntheti
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_lengthen_schedule_at_trains_as_a_run_continued_to_more_steps(synthetic_dataset, tmp_path) -> None:
+    # trainer.lengthen_schedule_at=[6] in one 10-step run == a 6-step run resumed to 10 steps: the same lrs
+    # (the cosine ends at step 6, then restarts warm towards step 10), losses and weights, bit for bit.
+    common = ["trainer.checkpoint_every=6", "trainer.val_every=100", "trainer.log_every=1"]
+    common += ["trainer.warmup_steps=2"]
+    staged, continued = tmp_path / "staged", tmp_path / "continued"
+    run_in_process(
+        tiny_overrides(
+            synthetic_dataset, staged, "trainer.steps=10", "trainer.lengthen_schedule_at=[6]", *common
+        )
+    )
+    run_in_process(tiny_overrides(synthetic_dataset, continued, "trainer.steps=6", *common))
+    run_in_process(
+        tiny_overrides(synthetic_dataset, continued, "trainer.steps=10", "trainer.resume=auto", *common)
+    )
+    staged_lrs = [r["lr"] for r in metrics(staged)]
+    assert staged_lrs == [r["lr"] for r in metrics(continued)]
+    assert staged_lrs[5] < staged_lrs[6] > staged_lrs[9]  # the warm restart after step 6
+    assert losses(staged) == losses(continued)
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(staged / "policy.safetensors")), load_file(str(continued / "policy.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_a_nan_loss_stops_the_run_before_the_step(synthetic_dataset, tmp_path, monkeypatch) -> None:
     from vla.models.pi0 import Pi0Policy
 

@@ -268,7 +268,9 @@ class MetaWorldDataConfig:
 class DataConfig:
     """Where the LeRobot v3.0 dataset is and how its features map onto the policy.
 
-    camera_map: dataset image key -> the model's camera name (see the model preset's cameras).
+    camera_map: dataset image key -> the model's camera name (see the model preset's cameras). Empty
+        with source=metaworld: each recorded camera (data.metaworld.cameras), whose video the recorder
+        names observation.images.<camera>, goes to the model camera of the same name.
     norm_modes: feature -> MEAN_STD | MIN_MAX | QUANTILES | IDENTITY; features not listed get the policy's
         default (pi0: MEAN_STD for state and action; OpenVLA-style: QUANTILES for action).
     """
@@ -310,6 +312,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.")
         _choice("data.source", self.source, DATA_SOURCES)
+        if self.source == "metaworld" and not self.camera_map:
+            self.camera_map = {f"observation.images.{c}": c for c in self.metaworld.cameras}
         if self.repo_id is not None and self.source != "lerobot":
             raise ValueError(
                 f"data.repo_id names a hub dataset, which needs data=lerobot (data.source is {self.source})"
@@ -373,6 +377,11 @@ class TrainerConfig:
     warmup_steps: linear warmup; one as long as the run is shortened to 10% of it (with a log line).
     schedule_steps: the steps the lr schedule spans (null: trainer.steps); a run of fewer steps follows
         the first part of a longer run's schedule (e.g. a short check of a long run's first steps).
+    lengthen_schedule_at: steps at which the schedule, planned to end there, is lengthened to the next
+        one (the last: to schedule_steps / steps). `[4000]` with steps=10000 trains with the lrs of a
+        4000-step run continued to 10000 with `trainer.resume=auto trainer.steps=10000` (the cosine
+        restarts warm: its multiplier goes from min_lr_ratio back up to where a 10000-step cosine is at
+        step 4000), in one run.
     """
 
     steps: int = 100
@@ -382,6 +391,7 @@ class TrainerConfig:
     schedule: str = "cosine"
     warmup_steps: int = 10
     schedule_steps: int | None = None
+    lengthen_schedule_at: list[int] = field(default_factory=list)
     min_lr_ratio: float = 0.1
     seed: int = 0
     precision: str = "fp32"
@@ -415,6 +425,22 @@ class TrainerConfig:
     wandb_project: str = "vla"
     wandb_mode: str | None = None  # online | offline | disabled; null: wandb's own (WANDB_MODE, else online)
 
+    def _check_lengthen_schedule_at(self) -> None:
+        stages = list(self.lengthen_schedule_at)
+        final = self.schedule_steps if self.schedule_steps is not None else self.steps
+        if any(isinstance(s, bool) or not isinstance(s, int) for s in stages):
+            raise ValueError(
+                f"trainer.lengthen_schedule_at={stages} must be a list of step counts (integers)"
+            )
+        if stages != sorted(set(stages)) or (
+            stages and (stages[0] <= self.warmup_steps or stages[-1] >= final)
+        ):
+            raise ValueError(
+                f"trainer.lengthen_schedule_at={stages} must rise strictly, start after the warmup "
+                f"(trainer.warmup_steps={self.warmup_steps}) and end before the schedule does ({final} steps: "
+                "trainer.schedule_steps, else trainer.steps)"
+            )
+
     def __post_init__(self) -> None:
         check_finite_fields(self, "trainer.")
         _choice("trainer.tracker", self.tracker, TRACKERS)
@@ -436,6 +462,7 @@ class TrainerConfig:
                 f"trainer.schedule_steps={self.schedule_steps} is shorter than trainer.steps={self.steps}; the "
                 "schedule must cover the run: raise it or leave it null"
             )
+        self._check_lengthen_schedule_at()
         _positive("trainer.val_batches", self.val_batches, allow_zero=True)
         _positive("trainer.max_skipped_steps", self.max_skipped_steps, allow_zero=True)
         _positive("trainer.stop_grace_s", self.stop_grace_s)

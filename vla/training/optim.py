@@ -75,19 +75,24 @@ def effective_warmup(cfg: TrainerConfig) -> tuple[int, str | None]:
     )
 
 
-def schedule_horizon(cfg: TrainerConfig) -> int:
-    """Steps the lr schedule spans: trainer.schedule_steps, or the run's trainer.steps."""
+def schedule_horizon(cfg: TrainerConfig, step: int | None = None) -> int:
+    """Steps the lr schedule spans (at `step`): the first of trainer.lengthen_schedule_at above `step`,
+    else trainer.schedule_steps, else the run's trainer.steps."""
+    for stage in getattr(cfg, "lengthen_schedule_at", ()) if step is not None else ():
+        if step < stage:
+            return stage
     return cfg.schedule_steps if cfg.schedule_steps is not None else cfg.steps
 
 
 def lr_multiplier(step: int, cfg: TrainerConfig) -> float:
-    """Linear warmup to 1, then cosine / linear decay to min_lr_ratio at the last step (or constant)."""
+    """Linear warmup to 1, then cosine / linear decay to min_lr_ratio at the last step (or constant); at each
+    step of trainer.lengthen_schedule_at the decay is stretched to end at the next one (a warm restart)."""
     warmup, _ = effective_warmup(cfg)
     if step < warmup:
         return (step + 1) / (warmup + 1)
     if cfg.schedule == "constant":
         return 1.0
-    progress = min(1.0, (step - warmup) / max(1, schedule_horizon(cfg) - warmup - 1))
+    progress = min(1.0, (step - warmup) / max(1, schedule_horizon(cfg, step) - warmup - 1))
     if cfg.schedule == "linear":
         shape = 1.0 - progress
     else:

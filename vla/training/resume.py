@@ -4,11 +4,12 @@ Every checkpoint's trainer state holds the run's config (flattened to dotted key
 of its dataset. On resume (`check_resume`):
 
 - keys that change the trajectory (`TRAJECTORY_KEYS`: every optim.*, model.* and data.* key except
-  the ones in `HARMLESS`, trainer.batch_size / seed / schedule / warmup_steps / min_lr_ratio /
-  clip_grad_norm / ema_decay / precision) must be unchanged: a changed one raises ResumeMismatchError
-  listing every changed key with its saved and new value, and how to proceed (put the saved values
-  back, or start a new run in another output_dir). They are refused rather than applied because the
-  restored optimizer and scheduler state would silently keep the old values (e.g. the lr).
+  the ones in `HARMLESS`, trainer.batch_size / seed / schedule / warmup_steps / schedule_steps /
+  lengthen_schedule_at / min_lr_ratio / clip_grad_norm / ema_decay / precision) must be unchanged: a
+  changed one raises ResumeMismatchError listing every changed key with its saved and new value, and
+  how to proceed (put the saved values back, or start a new run in another output_dir). They are
+  refused rather than applied because the restored optimizer and scheduler state would silently keep
+  the old values (e.g. the lr).
 - a different dataset (another fingerprint: info.json totals, fps, features and a hash of meta/) is
   refused the same way, also when data.root is unchanged; a moved dataset (new data.root, same
   fingerprint) is accepted.
@@ -41,6 +42,7 @@ TRAJECTORY_KEYS = (
     "trainer.schedule",
     "trainer.warmup_steps",
     "trainer.schedule_steps",
+    "trainer.lengthen_schedule_at",
     "trainer.min_lr_ratio",
     "trainer.clip_grad_norm",
     "trainer.ema_decay",
