@@ -428,10 +428,6 @@ class TrainerConfig:
     def _check_lengthen_schedule_at(self) -> None:
         stages = list(self.lengthen_schedule_at)
         final = self.schedule_steps if self.schedule_steps is not None else self.steps
-        if any(isinstance(s, bool) or not isinstance(s, int) for s in stages):
-            raise ValueError(
-                f"trainer.lengthen_schedule_at={stages} must be a list of step counts (integers)"
-            )
         if stages != sorted(set(stages)) or (
             stages and (stages[0] <= self.warmup_steps or stages[-1] >= final)
         ):

@@ -78,9 +78,10 @@ def effective_warmup(cfg: TrainerConfig) -> tuple[int, str | None]:
 def schedule_horizon(cfg: TrainerConfig, step: int | None = None) -> int:
     """Steps the lr schedule spans (at `step`): the first of trainer.lengthen_schedule_at above `step`,
     else trainer.schedule_steps, else the run's trainer.steps."""
-    for stage in getattr(cfg, "lengthen_schedule_at", ()) if step is not None else ():
-        if step < stage:
-            return stage
+    if step is not None:
+        for stage in cfg.lengthen_schedule_at:
+            if step < stage:
+                return stage
     return cfg.schedule_steps if cfg.schedule_steps is not None else cfg.steps
 
 
