@@ -2,14 +2,19 @@
 
     python scripts/eval_sim.py RUN_DIR --tasks reach-v3,push-v3 --episodes 20 --seed 1000 \
         --json out/eval.json [--videos 2] [--replan-every 5]
+    python scripts/eval_sim.py RUN_DIR --checkpoint step_00004000 --episodes 50 --seed 2000 --json out/4000.json
     python scripts/eval_sim.py --policy expert --tasks reach-v3 --episodes 20 --json out/expert.json
     python scripts/eval_sim.py --policy zero|random ...
 
 A run is evaluated from its export (policy.safetensors) and processor.json; cameras, resolution and
 tasks default to those in its config.yaml (data.metaworld), and seeds its demonstrations used are
 refused: the dataset is looked up from data.root relative to where the run was launched, the working
-directory and the repository. If it cannot be found the run is refused unless --unknown-training-seeds. Writes the JSON report, a PNG of success per task (next to
-the JSON) and, with --videos N, the first N episodes of each task as mp4 files.
+directory and the repository. If it cannot be found the run is refused unless --unknown-training-seeds.
+--checkpoint evaluates one of the run's checkpoints instead (exported first into
+RUN_DIR/exports/<checkpoint>, as scripts/export_lerobot.py does; the EMA weights when the run kept an
+EMA). To choose a checkpoint, compare them on seeds apart from those you report (e.g. --seed 2000; the
+run's own evaluations use trainer.closed_loop.seed, 1000 by default). Writes the JSON report, a PNG of
+success per task (next to the JSON) and, with --videos N, the first N episodes of each task as mp4 files.
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("run_dir", nargs="?", type=Path, help="a training run directory (omit with --policy)")
     parser.add_argument(
         "--policy", choices=["expert", "zero", "random"], help="evaluate a built-in policy instead"
+    )
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="evaluate this checkpoint of the run (a name under checkpoints/ or a path) instead of its export",
     )
     parser.add_argument(
         "--tasks", default=None, help="comma-separated tasks (default: the run's dataset tasks)"
@@ -69,6 +79,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if (args.run_dir is None) == (args.policy is None):
         parser.error("give either RUN_DIR or --policy expert|zero|random")
+    if args.checkpoint is not None and args.run_dir is None:
+        parser.error("--checkpoint needs RUN_DIR")
     return args
 
 
@@ -106,10 +118,23 @@ def main() -> int:
     try:
         recorded, exclude = {}, {}
         if args.run_dir is not None:
-            from vla.eval.policy_runner import load_run_policy
+            from vla.eval.policy_runner import EXPORT_FILE, load_run_policy
 
             recorded, exclude = run_settings(args.run_dir, args.unknown_training_seeds)
-            policy = load_run_policy(args.run_dir, seed=args.seed, num_steps=args.num_steps)
+            export, name = None, None
+            if args.checkpoint is not None:
+                from vla.training.export import export_checkpoint
+
+                exported = export_checkpoint(args.run_dir, args.checkpoint)
+                export, name = exported / EXPORT_FILE, f"{args.run_dir.name}@{exported.name}"
+                print(f"exported {args.checkpoint} to {exported}")
+            policy = load_run_policy(
+                args.run_dir,
+                export=export,
+                name=name or args.run_dir.name,
+                seed=args.seed,
+                num_steps=args.num_steps,
+            )
         else:
             policy = {"expert": ExpertPolicy, "zero": ZeroPolicy, "random": lambda: RandomPolicy(args.seed)}[
                 args.policy

@@ -109,3 +109,46 @@ def test_fsdp2_run_splits_episodes_and_matches_one_process(tmp_path, sim_dataset
         assert [(r["success"], r["steps"]) for r in a["results"]] == [
             (r["success"], r["steps"]) for r in b["results"]
         ]
+
+
+@pytest.mark.slow
+def test_eval_sim_evaluates_a_checkpoint_as_the_run_evaluated_it(tmp_path, sim_dataset) -> None:
+    """scripts/eval_sim.py --checkpoint: the last checkpoint, exported and evaluated on the run's seeds,
+    plays every episode exactly as the run's own final evaluation; an earlier checkpoint plays its own
+    weights (other distances), and a missing one is a one-line error."""
+    import subprocess
+    import sys
+
+    from _trainer_runs import ROOT
+
+    out = tmp_path / "run"
+    run_in_process(
+        [*TINY_SIM, f"data.root={sim_dataset}", f"output_dir={out}", "trainer.steps=4", "trainer.checkpoint_every=2",
+         "trainer.keep_last=2"]
+    )  # fmt: skip
+    settings = ["--episodes", "2", "--seed", "1000", "--max-episode-steps", "10", "--parallel-envs", "2"]
+
+    def evaluate(checkpoint: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "scripts/eval_sim.py", str(out), "--checkpoint", checkpoint, *settings,
+             "--json", str(tmp_path / f"{checkpoint}.json")],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    def episodes(path) -> list[tuple]:
+        report = json.loads(path.read_text())
+        return [(t["task"], r["seed"], r["success"], r["steps"], r["closest_m"], r["final_m"])
+                for t in report["tasks"] for r in t["results"]]  # fmt: skip
+
+    for checkpoint in ("step_00000004", "step_00000002"):
+        result = evaluate(checkpoint)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert (out / "exports" / checkpoint / "policy.safetensors").is_file()
+    run_eval = episodes(out / "closed_loop.json")
+    assert episodes(tmp_path / "step_00000004.json") == run_eval
+    assert json.loads((tmp_path / "step_00000004.json").read_text())["policy"] == "run@step_00000004"
+    earlier = episodes(tmp_path / "step_00000002.json")
+    assert [e[:2] for e in earlier] == [e[:2] for e in run_eval] and earlier != run_eval
+    missing = evaluate("step_00000099")
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert "step_00000099" in missing.stderr

@@ -154,14 +154,19 @@ def load_exported_policy(path: Path | str) -> nn.Module:
     return policy.eval()
 
 
-def load_run_policy(run_dir: Path | str, **actor_kwargs: Any) -> PolicyActor:
-    """A PolicyActor for the export and processor of a training run directory."""
+def load_run_policy(
+    run_dir: Path | str, export: Path | str | None = None, **actor_kwargs: Any
+) -> PolicyActor:
+    """A PolicyActor for the export (default: the run's policy.safetensors; or another export of its
+    weights, e.g. of a checkpoint) and the processor of a training run directory."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     actor_kwargs.setdefault("name", run_dir.name)
     return PolicyActor(
-        load_exported_policy(run_dir / EXPORT_FILE), read_processor(run_dir / PROCESSOR_FILE), **actor_kwargs
+        load_exported_policy(export if export is not None else run_dir / EXPORT_FILE),
+        read_processor(run_dir / PROCESSOR_FILE),
+        **actor_kwargs,
     )
 
 

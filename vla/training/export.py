@@ -364,6 +364,54 @@ def _policy_from_checkpoint(run_dir: Path, checkpoint: Path) -> tuple[nn.Module,
         return policy, {k: v.detach().clone() for k, v in policy.state_dict().items()}
 
 
+def _run_processor_and_features(run_dir: Path) -> tuple[Any, dict[str, dict[str, Any]], Any]:
+    """The run's processor, its dataset's features (rebuilt from the processor when the dataset is gone)
+    and the dataset's statistics (None when it is gone)."""
+    from vla.eval.policy_runner import read_processor
+
+    processor = read_processor(run_dir / "processor.json")
+    meta = _run_dataset(run_dir)
+    features = meta.features if meta is not None else _features_from_processor(processor)
+    return processor, features, (meta.stats if meta is not None else None)
+
+
+def _require_pi0(run_dir: Path, config: PolicyConfig) -> None:
+    if not isinstance(config, Pi0Config):
+        raise ValueError(
+            f"{run_dir} trained a {config.kind} policy; LeRobot has no such policy to export for"
+        )
+
+
+def export_checkpoint(
+    run_dir: Path | str,
+    checkpoint: Path | str,
+    *,
+    out: Path | str | None = None,
+    lerobot_only: bool = False,
+) -> Path:
+    """One checkpoint of a run exported as the run's end exports: `out` (default
+    `run_dir/exports/<checkpoint name>`) gets policy.safetensors (the EMA weights when the run kept an EMA,
+    as the run's own export) and, for pi0, LeRobot's pretrained_model/ (processor files; config.json where
+    LeRobot can build the size). checkpoint: a name under run_dir/checkpoints/ or a path; its bytes are
+    verified before use. lerobot_only: refuse a policy LeRobot has no class for. Returns the directory.
+    One process."""
+    run_dir = Path(run_dir)
+    processor, features, stats = _run_processor_and_features(run_dir)
+    checkpoint = Path(checkpoint)
+    if not checkpoint.is_absolute() and not checkpoint.exists():
+        checkpoint = run_dir / "checkpoints" / checkpoint
+    policy, state = _policy_from_checkpoint(run_dir, checkpoint)
+    config = policy.config
+    if lerobot_only:
+        _require_pi0(run_dir, config)
+    target = Path(out) if out is not None else run_dir / "exports" / checkpoint.name
+    target.mkdir(parents=True, exist_ok=True)
+    write_export(state, config, target, lerobot_config_for(config, processor.config, features))
+    if isinstance(config, Pi0Config):
+        write_lerobot_processor_for(target / LEROBOT_DIR, config, processor, features, stats)
+    return target
+
+
 def export_for_lerobot(
     run_dir: Path | str, *, checkpoint: Path | str | None = None, out: Path | str | None = None
 ) -> Path:
@@ -371,42 +419,22 @@ def export_for_lerobot(
 
     Without a checkpoint: `run_dir/pretrained_model/` (processor files; config.json and model.safetensors,
     a link to the run's policy.safetensors, where LeRobot can build the size). With one: `out` (default
-    `run_dir/exports/<checkpoint name>`) gets policy.safetensors and pretrained_model/ from its weights.
-    Returns the pretrained_model directory. One process.
+    `run_dir/exports/<checkpoint name>`) gets policy.safetensors and pretrained_model/ from its weights
+    (`export_checkpoint`). Returns the pretrained_model directory. One process.
     """
-    from vla.eval.policy_runner import read_export_config, read_processor
+    from vla.eval.policy_runner import read_export_config
 
     run_dir = Path(run_dir)
-    processor = read_processor(run_dir / "processor.json")
-    meta = _run_dataset(run_dir)
-    features = meta.features if meta is not None else _features_from_processor(processor)
-    stats = meta.stats if meta is not None else None
-
-    def require_pi0(config: PolicyConfig) -> None:
-        if not isinstance(config, Pi0Config):
-            raise ValueError(
-                f"{run_dir} trained a {config.kind} policy; LeRobot has no such policy to export for"
-            )
-
-    if checkpoint is None:
-        config = read_export_config(run_dir / EXPORT_FILE)
-        require_pi0(config)
-        directory = (Path(out) if out is not None else run_dir) / LEROBOT_DIR
-        directory.mkdir(parents=True, exist_ok=True)
-        lerobot_config = lerobot_config_for(config, processor.config, features)
-        if lerobot_config is not None:
-            _write_lerobot_model(directory, run_dir / EXPORT_FILE, lerobot_config)
-    else:
-        checkpoint = Path(checkpoint)
-        if not checkpoint.is_absolute() and not checkpoint.exists():
-            checkpoint = run_dir / "checkpoints" / checkpoint
-        policy, state = _policy_from_checkpoint(run_dir, checkpoint)
-        config = policy.config
-        require_pi0(config)
-        target = Path(out) if out is not None else run_dir / "exports" / checkpoint.name
-        target.mkdir(parents=True, exist_ok=True)
-        write_export(state, config, target, lerobot_config_for(config, processor.config, features))
-        directory = target / LEROBOT_DIR
+    if checkpoint is not None:
+        return export_checkpoint(run_dir, checkpoint, out=out, lerobot_only=True) / LEROBOT_DIR
+    processor, features, stats = _run_processor_and_features(run_dir)
+    config = read_export_config(run_dir / EXPORT_FILE)
+    _require_pi0(run_dir, config)
+    directory = (Path(out) if out is not None else run_dir) / LEROBOT_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    lerobot_config = lerobot_config_for(config, processor.config, features)
+    if lerobot_config is not None:
+        _write_lerobot_model(directory, run_dir / EXPORT_FILE, lerobot_config)
     write_lerobot_processor_for(directory, config, processor, features, stats)
     return directory
 
@@ -438,6 +466,7 @@ __all__ = [
     "EXPORT_FILE",
     "LEROBOT_CONFIG",
     "LEROBOT_DIR",
+    "export_checkpoint",
     "export_for_lerobot",
     "export_policy",
     "lerobot_config_for",
