@@ -64,22 +64,23 @@ def test_experiments_and_debug_configs_compose(experiment: str) -> None:
 
 
 def test_metaworld_long_is_the_measured_run() -> None:
-    # experiment=metaworld_long reproduces docs/ablations/tgs400_start_nostate_steps10000 (a 4000-step run
-    # continued to 10000): every setting of its trajectory, in one run whose schedule is lengthened at 4000.
+    # experiment=metaworld_long reproduces docs/ablations/tgs400_start_nostate_steps16000 (a 4000-step run
+    # continued to 10000, then to 16000): every setting of its trajectory, in one run whose schedule is
+    # lengthened at 4000 and 10000.
     from omegaconf import OmegaConf
 
     from vla.training.resume import compare_config, flatten
 
     saved = flatten(
         OmegaConf.to_container(
-            OmegaConf.load(ROOT / "docs/ablations/tgs400_start_nostate_steps10000/config.yaml"), resolve=True
+            OmegaConf.load(ROOT / "docs/ablations/tgs400_start_nostate_steps16000/config.yaml"), resolve=True
         )
     )
     cfg = compose(["experiment=metaworld_long", f"data.root={saved['data.root']}"])
     problems, _ = compare_config(saved, cfg)
-    assert problems == ["trainer.lengthen_schedule_at: None -> [4000]"]
+    assert problems == ["trainer.lengthen_schedule_at: [] -> [4000, 10000]"]
     assert (cfg.trainer.steps, cfg.data.metaworld.hand_start_noise, cfg.model.overrides["use_state"]) == (
-        10000,
+        16000,
         0.1,
         False,
     )
