@@ -121,7 +121,7 @@ def main() -> int:
             from vla.eval.policy_runner import EXPORT_FILE, load_run_policy
 
             recorded, exclude = run_settings(args.run_dir, args.unknown_training_seeds)
-            export, name = None, None
+            export, name = None, args.run_dir.name
             if args.checkpoint is not None:
                 from vla.training.export import export_checkpoint
 
@@ -131,7 +131,7 @@ def main() -> int:
             policy = load_run_policy(
                 args.run_dir,
                 export=export,
-                name=name or args.run_dir.name,
+                name=name,
                 seed=args.seed,
                 num_steps=args.num_steps,
             )
