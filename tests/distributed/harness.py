@@ -4,8 +4,8 @@
 
 The target is "module:function" resolved in the child with this directory on sys.path, called as
 fn(rank, world, *args); its return value comes back through torch.save. A rank that raises fails
-the test with that rank's traceback; ranks still running at the deadline are killed and named with
-the stacks they were in shortly before, so a collective mismatch can never hang the suite and a hang
+the test with that rank's traceback; a rank still running at the deadline writes its stacks and ends
+itself, and the test names it with them, so a collective mismatch can never hang the suite and a hang
 says where it is.
 """
 
@@ -41,15 +41,17 @@ def _entry(
     args: tuple,
     out_dir: str,
     pg_timeout: float,
-    stacks_after: float,
+    deadline_s: float,
 ) -> None:
     import torch
     import torch.distributed as dist
 
-    # A rank still running just before the parent's deadline writes every thread's stack (a C
-    # watchdog thread: it works while the rank is blocked in gloo), so a hang says where it is.
+    # A rank still running at the deadline writes every thread's stack and exits (a C watchdog thread:
+    # it works while the rank is blocked in gloo). The rank ends itself rather than waiting for the
+    # parent to kill it: once, two ranks spinning in gloo's TCP loop starved the parent so that its
+    # own deadline passed unnoticed for 15 minutes.
     stack_file = open(Path(out_dir) / f"rank{rank}.stacks", "w")  # noqa: SIM115 (lives as long as the rank)
-    faulthandler.dump_traceback_later(stacks_after, file=stack_file)
+    faulthandler.dump_traceback_later(deadline_s, exit=True, file=stack_file)
     sys.path.insert(0, str(HERE))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -69,6 +71,10 @@ def _entry(
             dist.destroy_process_group()
 
 
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
+
+
 def run_ranks(
     target: str, world: int, args: tuple = (), *, timeout: float = 300, pg_timeout: float = 120
 ) -> list[Any]:
@@ -80,7 +86,7 @@ def run_ranks(
         procs = [
             ctx.Process(
                 target=_entry,
-                args=(r, world, port, target, args, out_dir, pg_timeout, max(timeout - 10, timeout / 2)),
+                args=(r, world, port, target, args, out_dir, pg_timeout, timeout),
                 daemon=True,
             )
             for r in range(world)
@@ -88,7 +94,7 @@ def run_ranks(
         try:
             for p in procs:
                 p.start()
-            deadline = time.monotonic() + timeout
+            deadline = time.monotonic() + timeout + 10  # the ranks' own watchdogs end them at `timeout`
             failed_at: float | None = None
             while any(p.is_alive() for p in procs):
                 now = time.monotonic()
@@ -116,15 +122,22 @@ def run_ranks(
                 f"{target} on {world} ranks: rank {int(first.stem[4:])} failed first "
                 f"(then ranks {others}):\n{first.read_text()}"
             )
-        if alive:
+        out = Path(out_dir)
+        hung = [  # killed here, or ended by its watchdog (stacks written) before returning anything
+            r
+            for r in range(world)
+            if r in alive or (not (out / f"rank{r}.pt").exists() and _size(out / f"rank{r}.stacks") > 0)
+        ]
+        if hung:
             stacks = ""
-            for r in alive:
+            for r in hung:
                 stack_file = Path(out_dir) / f"rank{r}.stacks"
                 stack = stack_file.read_text() if stack_file.exists() else ""
-                stacks += f"\n--- rank {r} ---\n{stack or '(none written: it had not started)'}"
+                how = "killed by the harness" if r in alive else "ended itself"
+                stacks += f"\n--- rank {r} ({how}) ---\n{stack or '(none written: it had not started)'}"
             raise AssertionError(
-                f"{target} on {world} ranks: ranks {alive} still running after {timeout:.0f}s (hang); "
-                f"their stacks shortly before:{stacks}"
+                f"{target} on {world} ranks: ranks {hung} still running after {timeout:.0f}s (hang); "
+                f"their stacks at the deadline:{stacks}"
             )
         results = []
         for r in range(world):
