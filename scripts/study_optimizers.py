@@ -1,8 +1,9 @@
 """AdamW vs DMuon on MetaWorld over several training seeds: learning rates, curves, success with intervals.
 
     # the documented study (its finished runs are in docs/study/archive, so this reuses them)
-    python scripts/study_optimizers.py --out outputs/study --archive docs/study/archive --also adamw=5e-4
-    python scripts/study_optimizers.py --out outputs/study --archive docs/study/archive --report  # tables, plots
+    python scripts/study_optimizers.py --out outputs/study --archive docs/study/archive \\
+        --also adamw=5e-4 --budgets 0.65
+    # tables and plots only: the same with --report
 
 Every run is `train.py experiment=metaworld` (the MetaWorld recipe: model, data, augmentation,
 schedule) with the optimizer, learning rate and training seed set here, the same data and the same
@@ -18,6 +19,12 @@ budget in steps, and closed-loop success measured during training (every --eval-
 4. Sensitivity arms (--also adamw=5e-4,...): other lrs run on every seed too and are set against the
    other optimizer's chosen lr. They are not the protocol's choice and are reported apart, as what
    the difference would be had that lr been chosen (e.g. an lr whose validation loss lost narrowly).
+5. Short budgets (--budgets 0.65,...): DMuon at its chosen lr on every seed with trainer.steps and
+   trainer.schedule_steps a fraction of the budget, so its schedule ends there. Within one run the cosine
+   schedule makes both optimizers take their last gains as the lr anneals, so where DMuon's curve crosses
+   AdamW's best understates how much shorter a DMuon run can be; a run whose own schedule is shorter is
+   what a user who trains for fewer steps gets. Reported per seed: does it reach AdamW's best validation
+   loss of the same seed (and at which step), and its success against AdamW's full runs.
 
 Reported per optimizer: final success (mean, spread and per task over seeds), success against steps
 and against training seconds (step x the run's median step time) with seed bands, the steps each seed
@@ -55,7 +62,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -94,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="sensitivity arms, optimizer=lr,... (e.g. adamw=5e-4): every seed, reported apart",
     )
+    parser.add_argument(
+        "--budgets",
+        default="",
+        help="short budgets, fractions of the study's steps (e.g. 0.7): DMuon at its chosen lr on every seed "
+        "with a schedule that ends there; reported: does it reach AdamW's best validation loss, and success",
+    )
     parser.add_argument("--muon-steps", type=int, default=30, help="naive Muon check steps (0: skip)")
     parser.add_argument("--eval-every", type=int, default=500, help="closed-loop evaluation interval (steps)")
     parser.add_argument("--curve-episodes", type=int, default=20, help="episodes per task at each interval")
@@ -116,6 +129,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.lrs = {"adamw": _floats(args.adamw_lrs), "dmuon": _floats(args.dmuon_lrs)}
     if not args.seeds or not all(args.lrs.values()):
         parser.error("--seeds, --adamw-lrs and --dmuon-lrs need at least one value each")
+    try:
+        args.budget_fractions = _floats(args.budgets)
+    except ValueError:
+        args.budget_fractions = [math.nan]
+    if not all(0 < f < 1 for f in args.budget_fractions):
+        parser.error(f"--budgets takes fractions between 0 and 1 of the study's steps, got {args.budgets!r}")
     args.also_arms = []
     for item in (x.strip() for x in args.also.split(",")):
         if not item:
@@ -135,9 +154,34 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def run_name(optimizer: str, lr: float, seed: int, steps: int | None = None) -> str:
-    """A run's directory name; the short exactness-check runs add their steps."""
-    return f"{optimizer}_lr{lr:g}_seed{seed}" + (f"_{steps}steps" if steps is not None else "")
+class Job(NamedTuple):
+    """One training run of the study."""
+
+    optimizer: str
+    lr: float
+    seed: int
+    steps: int | None = None  # an exactness-check run: the first `steps` of the full schedule, no evaluation
+    budget: int | None = None  # a short-budget run: its own, shorter schedule, evaluated as the others
+
+
+def run_name(
+    optimizer: str, lr: float, seed: int, steps: int | None = None, budget: int | None = None
+) -> str:
+    """A run's directory name; exactness-check runs add their steps, short-budget runs their budget."""
+    name = f"{optimizer}_lr{lr:g}_seed{seed}"
+    if steps is not None:
+        return f"{name}_{steps}steps"
+    return name if budget is None else f"{name}_budget{budget}"
+
+
+def budgets(args: argparse.Namespace) -> list[int]:
+    """The short budgets in steps, shortest first."""
+    return sorted({max(1, round(f * args.budget)) for f in args.budget_fractions})
+
+
+def job_steps(args: argparse.Namespace, job: Job) -> int:
+    """The steps a finished run of `job` has trained."""
+    return job.steps or job.budget or args.budget
 
 
 # What a finished run leaves that the report reads: the archive keeps these, never checkpoints or weights.
@@ -189,7 +233,7 @@ MEASUREMENT_KEYS = tuple(
 )
 
 
-def check_reused(args: argparse.Namespace, job: tuple[str, float, int, int | None], source: Path) -> None:
+def check_reused(args: argparse.Namespace, job: Job | tuple, source: Path) -> None:
     """Exit naming every difference when the finished run at `source` was trained or evaluated with other
     settings than this study gives it now (say the preset's cameras changed after it was archived): its
     numbers would otherwise enter the tables as if they came from the current settings."""
@@ -199,8 +243,8 @@ def check_reused(args: argparse.Namespace, job: tuple[str, float, int, int | Non
     saved = saved_config({}, source)
     if saved is None:
         return
-    optimizer, lr, seed, steps = job
-    overrides = train_overrides(args, optimizer, lr, seed, source, steps)
+    job = Job(*job)
+    overrides = train_overrides(args, job.optimizer, job.lr, job.seed, source, job.steps, job.budget)
     cfg = compose([o for o in overrides if not o.startswith("trainer.resume=")])
     problems, _ = compare_config(saved, cfg, also_refuse=MEASUREMENT_KEYS)
     if problems:
@@ -222,16 +266,24 @@ def preset_steps(args: argparse.Namespace) -> int:
 
 
 def train_overrides(
-    args: argparse.Namespace, optimizer: str, lr: float, seed: int, run_dir: Path, steps: int | None
+    args: argparse.Namespace,
+    optimizer: str,
+    lr: float,
+    seed: int,
+    run_dir: Path,
+    steps: int | None,
+    budget: int | None = None,
 ) -> list[str]:
-    """train.py overrides of one run; steps: None for a study run, N for an exactness-check run."""
+    """train.py overrides of one run; steps: None for a study run, N for an exactness-check run; budget:
+    None for a run of the study's budget, N for a short-budget run (its schedule spans N steps)."""
+    schedule = budget or args.budget
     overrides = [
         f"experiment={args.experiment}",
         f"optim={optimizer}",
         f"optim.lr={lr}",
         f"trainer.seed={seed}",
-        f"trainer.steps={steps or args.budget}",
-        f"trainer.schedule_steps={args.budget}",  # a check run follows the first steps of the full schedule
+        f"trainer.steps={steps or schedule}",
+        f"trainer.schedule_steps={schedule}",  # a check run follows the first steps of the full schedule
         "trainer.log_every=1",
         "trainer.progress_bar=false",
         f"output_dir={run_dir}",
@@ -252,20 +304,20 @@ def train_overrides(
     return [*overrides, *args.train_arg]
 
 
-def launch(args: argparse.Namespace, job: tuple[str, float, int, int | None]) -> subprocess.Popen | None:
+def launch(args: argparse.Namespace, job: Job | tuple) -> subprocess.Popen | None:
     """Start one train.py run (resumed when interrupted); None when it finished earlier."""
-    optimizer, lr, seed, steps = job
-    run_dir = args.out / "runs" / run_name(optimizer, lr, seed, steps)
-    if finished(run_dir, steps or args.budget):
+    job = Job(*job)
+    run_dir = args.out / "runs" / run_name(*job)
+    if finished(run_dir, job_steps(args, job)):
         check_reused(args, job, run_dir)
         print(f"  {run_dir.name}: finished earlier, reused", flush=True)
         archive_run(args, run_dir)
         return None
-    if args.archive is not None and finished(args.archive / run_dir.name, steps or args.budget):
+    if args.archive is not None and finished(args.archive / run_dir.name, job_steps(args, job)):
         check_reused(args, job, args.archive / run_dir.name)
         print(f"  {run_dir.name}: archived in {args.archive}, reused", flush=True)
         return None
-    overrides = train_overrides(args, optimizer, lr, seed, run_dir, steps)
+    overrides = train_overrides(args, job.optimizer, job.lr, job.seed, run_dir, job.steps, job.budget)
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"  {run_dir.name}: training ...", flush=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -293,8 +345,8 @@ def wait(args: argparse.Namespace, process: subprocess.Popen) -> None:
     archive_run(args, run_dir)
 
 
-def train_all(args: argparse.Namespace, jobs: list[tuple[str, float, int, int | None]]) -> None:
-    """Run the (optimizer, lr, seed, steps) jobs, `args.parallel` at a time, in the order given."""
+def train_all(args: argparse.Namespace, jobs: list[Job]) -> None:
+    """Run the jobs, `args.parallel` at a time, in the order given."""
     for first in range(0, len(jobs), args.parallel):
         started = [launch(args, job) for job in jobs[first : first + args.parallel]]
         for process in started:
@@ -473,6 +525,65 @@ def sensitivity_arms(
     return arms
 
 
+def short_budgets(
+    args: argparse.Namespace, runs: dict[str, dict[str, Any]], per: dict[str, Any]
+) -> dict[str, Any]:
+    """Per short budget: DMuon at its chosen lr trained with a schedule that ends at that budget, paired by
+    seed with AdamW's full-budget run: AdamW's best validation loss, the step the short run reaches it
+    (None: never) and its final loss; then the short runs' final success and DMuon(short) - AdamW(full)
+    with its bootstrap interval.
+
+    Why: within one run the cosine schedule makes both optimizers take their last gains as the lr anneals
+    at the end, so the step where DMuon's curve crosses AdamW's best understates how much shorter a DMuon
+    run can be. A run whose own schedule ends at the budget is what a user who shortens training gets.
+    ratio: mean over seeds of (step reached / AdamW's step at its best), as `steps_to_adamw_best`;
+    budget_ratio: budget / the study's steps."""
+    if "adamw" not in per or "dmuon" not in per:
+        return {}
+    rows: dict[str, Any] = {}
+    for budget in budgets(args):
+        seeds: dict[str, Any] = {}
+        names = []
+        for seed in args.seeds:
+            adamw = runs.get(run_name("adamw", per["adamw"]["lr"], seed))
+            short = runs.get(run_name("dmuon", per["dmuon"]["lr"], seed, budget=budget))
+            if adamw is None or short is None or short["final"] is None or not adamw["val_loss"]:
+                continue
+            names.append(run_name("dmuon", per["dmuon"]["lr"], seed, budget=budget))
+            best, adamw_step, reached = steps_to_baseline_best(
+                (adamw["val_steps"], adamw["val_loss"]), (short["val_steps"], short["val_loss"])
+            )
+            seeds[str(seed)] = {
+                "adamw_best_val_loss": best,
+                "adamw_step": adamw_step,
+                "dmuon_step": reached,
+                "dmuon_final_val_loss": short["val_loss"][-1] if short["val_loss"] else None,
+                "ratio": reached / adamw_step if reached is not None else None,
+            }
+        if not names:
+            continue
+        ratios = [row["ratio"] for row in seeds.values()]
+        adamw_runs = [n for n in per["adamw"]["runs"] if runs[n]["seed"] in {runs[m]["seed"] for m in names}]
+        rows[str(budget)] = {
+            "budget": budget,
+            "budget_ratio": budget / args.budget,
+            "runs": names,
+            "seeds": seeds,
+            "reached": sum(r is not None for r in ratios),
+            "ratio": statistics.fmean(ratios) if None not in ratios else None,
+            "final_success": asdict(seed_spread([runs[n]["final"]["mean_success"] for n in names])),
+            "against": {"lr": per["adamw"]["lr"], "runs": adamw_runs},
+            "difference": asdict(
+                success_difference(
+                    [_outcomes(runs[n]) for n in adamw_runs],
+                    [_outcomes(runs[n]) for n in names],
+                    resamples=args.resamples,
+                )
+            ),
+        }
+    return rows
+
+
 def layout_distances(args: argparse.Namespace, runs: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """Per task: how far the evaluation layouts are from the demonstrations of the runs' dataset."""
     from vla.eval.policy_runner import run_dataset_root
@@ -599,23 +710,25 @@ def main(argv: list[str] | None = None) -> int:
     args.budget = preset_steps(args)
     first = args.seeds[0]
     sweep = _interleave(
-        [("adamw", lr, first, None) for lr in args.lrs["adamw"]],
-        [("dmuon", lr, first, None) for lr in args.lrs["dmuon"]],
+        [Job("adamw", lr, first) for lr in args.lrs["adamw"]],
+        [Job("dmuon", lr, first) for lr in args.lrs["dmuon"]],
     )
     if not args.report:
         train_all(args, sweep)
     runs: dict[str, dict[str, Any]] = {}
 
-    def gather(optimizer: str, lr: float, seed: int, steps: int | None = None) -> None:
-        name = run_name(optimizer, lr, seed, steps)
-        source = records_dir(args, name, steps or args.budget)
-        if finished(source, steps or args.budget):
-            check_reused(args, (optimizer, lr, seed, steps), source)
+    def gather(job: Job) -> None:
+        name = run_name(*job)
+        source = records_dir(args, name, job_steps(args, job))
+        if finished(source, job_steps(args, job)):
+            check_reused(args, job, source)
         if (source / "metrics.jsonl").is_file():
-            runs[name] = {"optimizer": optimizer, "lr": lr, "seed": seed} | collect_run(source)
+            runs[name] = {"optimizer": job.optimizer, "lr": job.lr, "seed": job.seed} | collect_run(source)
+            if job.budget is not None:
+                runs[name]["budget"] = job.budget
 
-    for optimizer, lr, seed, _ in sweep:
-        gather(optimizer, lr, seed)
+    for job in sweep:
+        gather(job)
     best: dict[str, float] = {}
     for optimizer in OPTIMIZERS:  # the lr with the lowest validation loss at the first seed
         candidates = [
@@ -624,40 +737,44 @@ def main(argv: list[str] | None = None) -> int:
         candidates = [r for r in candidates if r["val_loss"]]
         if candidates:
             best[optimizer] = min(candidates, key=lambda r: min(r["val_loss"]))["lr"]
+    seeds = _interleave(
+        [Job("adamw", best["adamw"], s) for s in args.seeds[1:] if "adamw" in best],
+        [Job("dmuon", best["dmuon"], s) for s in args.seeds[1:] if "dmuon" in best],
+    )
     if len(best) == 2 and not args.report:
-        train_all(
-            args,
-            _interleave(
-                [("adamw", best["adamw"], s, None) for s in args.seeds[1:]],
-                [("dmuon", best["dmuon"], s, None) for s in args.seeds[1:]],
-            ),
-        )
-    for optimizer, lr in best.items():
-        for seed in args.seeds[1:]:
-            gather(optimizer, lr, seed)
+        train_all(args, seeds)
+    for job in seeds:
+        gather(job)
     also = [  # what the sweep and the chosen lrs' seeds have not run already
-        (o, lr, s, None)
+        Job(o, lr, s)
         for o, lr in args.also_arms
         for s in args.seeds
         if lr != best.get(o) and not (s == first and lr in args.lrs[o])
     ]
     if also and not args.report:
         train_all(args, also)
-    for optimizer, lr, seed, _ in also:
-        gather(optimizer, lr, seed)
+    for job in also:
+        gather(job)
+    short = [
+        Job("dmuon", best["dmuon"], s, budget=b) for b in budgets(args) for s in args.seeds if "dmuon" in best
+    ]
+    if short and not args.report:
+        train_all(args, short)
+    for job in short:
+        gather(job)
     checks: dict[str, str] = {}
     if "dmuon" in best and args.muon_steps:
         jobs = [
-            ("muon", best["dmuon"], first, args.muon_steps),
-            ("dmuon", best["dmuon"], first, args.muon_steps),
+            Job("muon", best["dmuon"], first, args.muon_steps),
+            Job("dmuon", best["dmuon"], first, args.muon_steps),
         ]
         if not args.report:
             train_all(args, jobs)
-        for optimizer, lr, seed, steps in jobs:
-            gather(optimizer, lr, seed, steps)
-            name = run_name(optimizer, lr, seed, steps)
+        for job in jobs:
+            gather(job)
+            name = run_name(*job)
             if name in runs:
-                checks[optimizer] = name
+                checks[job.optimizer] = name
     study: dict[str, Any] = {
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": runs,
@@ -666,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
         "lr_sensitivity": lr_sensitivity(args, runs, best),
     }
     study["sensitivity_arms"] = sensitivity_arms(args, runs, study["optimizers"])
+    study["short_budgets"] = short_budgets(args, runs, study["optimizers"])
     if len(checks) == 2:
         muon, twin = runs[checks["muon"]], runs[checks["dmuon"]]
         pairs = [
@@ -748,6 +866,25 @@ def print_tables(study: dict[str, Any]) -> None:
             f"sensitivity arm {name} ({f['seeds']} seeds, {'the chosen lr' if arm['chosen'] else 'not chosen'}): "
             f"final success {f['mean']:.1%} +- {f['std']:.1%}; DMuon - AdamW with it against {against['optimizer']} "
             f"lr {against['lr']:g}: {d['difference']:+.1%} [{d['ci'][0]:+.1%}, {d['ci'][1]:+.1%}]"
+        )
+    for budget, row in (study.get("short_budgets") or {}).items():
+        f, d = row["final_success"], row["difference"]
+        print(
+            f"\nDMuon with a {budget}-step schedule ({row['budget_ratio']:.2f}x the study's steps; "
+            f"{row['reached']} of {len(row['seeds'])} seeds reach AdamW's best validation loss):"
+        )
+        for seed, s in row["seeds"].items():
+            reached = f"at step {s['dmuon_step']} ({s['ratio']:.2f}x)" if s["ratio"] is not None else "never"
+            print(
+                f"  seed {seed}: AdamW {s['adamw_best_val_loss']:.4f} at step {s['adamw_step']}; DMuon reaches "
+                f"it {reached}, ends at {s['dmuon_final_val_loss']:.4f}"
+            )
+        if row["ratio"] is not None:
+            print(f"  DMuon needs {row['ratio']:.2f}x AdamW's steps with this schedule (mean over seeds)")
+        print(
+            f"  final success {f['mean']:.1%} +- {f['std']:.1%}; DMuon ({budget} steps) - AdamW "
+            f"(lr {row['against']['lr']:g}, full budget): {d['difference']:+.1%} [{d['ci'][0]:+.1%}, "
+            f"{d['ci'][1]:+.1%}]"
         )
     if "muon_vs_dmuon" in study:
         m = study["muon_vs_dmuon"]

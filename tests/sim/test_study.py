@@ -90,6 +90,50 @@ def test_a_sensitivity_arm_replaces_its_optimizers_chosen_lr_in_the_difference()
         study_optimizers.parse_args(["--also=sgd=0.1"])
 
 
+def test_short_budgets_pair_each_seeds_short_dmuon_run_with_its_full_adamw_run() -> None:
+    """A short-budget run reaches AdamW's best of the same seed, or does not; the ratio is a mean over
+    seeds only when every seed reaches it, and the success difference is against AdamW's full runs."""
+
+    def run(optimizer: str, seed: int, val: list[float], successes: int, budget: int | None = None):
+        steps = [2 * (i + 1) for i in range(len(val))]
+        final = {"mean_success": successes / 10, "tasks": {"a": {"successes": successes, "episodes": 10}}}
+        lr = 1e-3 if optimizer == "adamw" else 0.01
+        name = study_optimizers.run_name(optimizer, lr, seed, budget=budget)
+        return name, {"seed": seed, "val_steps": steps, "val_loss": val, "final": final}
+
+    runs = dict(
+        [run("adamw", 0, [0.5, 0.3, 0.2, 0.25], 4), run("adamw", 1, [0.6, 0.4, 0.35, 0.3], 5),
+         run("dmuon", 0, [0.4, 0.19], 6, budget=4), run("dmuon", 1, [0.45, 0.28], 7, budget=4),
+         run("dmuon", 0, [0.3], 3, budget=2), run("dmuon", 1, [0.2], 3, budget=2)]
+    )  # fmt: skip
+    assert "dmuon_lr0.01_seed0_budget4" in runs
+    args = study_optimizers.parse_args(["--seeds=0,1", "--budgets=0.5, 0.25", "--resamples=500"])
+    args.budget = 8
+    assert study_optimizers.budgets(args) == [2, 4]
+    per = {
+        "adamw": {"lr": 1e-3, "runs": ["adamw_lr0.001_seed0", "adamw_lr0.001_seed1"]},
+        "dmuon": {"lr": 0.01, "runs": []},
+    }
+    rows = study_optimizers.short_budgets(args, runs, per)
+    four, two = rows["4"], rows["2"]
+    assert four["budget_ratio"] == 0.5 and four["reached"] == 2
+    assert four["seeds"]["0"] == {
+        "adamw_best_val_loss": 0.2, "adamw_step": 6, "dmuon_step": 4, "dmuon_final_val_loss": 0.19,
+        "ratio": pytest.approx(4 / 6),
+    }  # fmt: skip
+    assert four["seeds"]["1"]["adamw_step"] == 8 and four["seeds"]["1"]["dmuon_step"] == 4
+    assert four["ratio"] == pytest.approx((4 / 6 + 4 / 8) / 2)
+    assert four["final_success"]["mean"] == pytest.approx(0.65)
+    assert four["difference"]["difference"] == pytest.approx(0.65 - 0.45)
+    assert four["against"]["runs"] == per["adamw"]["runs"]
+    assert two["reached"] == 1 and two["ratio"] is None and two["seeds"]["0"]["dmuon_step"] is None
+    assert two["seeds"]["1"]["ratio"] == pytest.approx(2 / 8)
+    assert study_optimizers.short_budgets(args, runs, {"adamw": per["adamw"]}) == {}
+    for bad in ("--budgets=1.0", "--budgets=0", "--budgets=x"):
+        with pytest.raises(SystemExit):
+            study_optimizers.parse_args([bad])
+
+
 def test_a_reused_run_trained_with_other_settings_is_refused_naming_them(tmp_path, capsys) -> None:
     """The archive outlives the preset: a run archived before the recipe's cameras (or its evaluation
     seeds) changed must not be reported as if it ran with the new ones."""
@@ -148,7 +192,7 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     command = [sys.executable, str(ROOT / "scripts/study_optimizers.py"), f"--out={out}", "--steps=4",
                "--seeds=0,1", "--adamw-lrs=1e-3", "--dmuon-lrs=0.01,0.02", "--muon-steps=2", "--eval-every=2",
                "--curve-episodes=1", "--episodes=2", "--resamples=500", f"--archive={tmp_path / 'archive'}",
-               "--also=dmuon=0.01,dmuon=0.02"]  # fmt: skip
+               "--also=dmuon=0.01,dmuon=0.02", "--budgets=0.5"]  # fmt: skip
     command += [f"--train-arg={a}" for a in train_args]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -162,9 +206,15 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
         "adamw_lr0.001_seed0", "dmuon_lr0.01_seed0", "dmuon_lr0.02_seed0", "adamw_lr0.001_seed1",
         f"dmuon_lr{best_dmuon:g}_seed1", f"muon_lr{best_dmuon:g}_seed0_2steps", f"dmuon_lr{best_dmuon:g}_seed0_2steps",
         f"dmuon_lr{other_dmuon:g}_seed1",  # the --also arm that was not chosen: its other seed
+        f"dmuon_lr{best_dmuon:g}_seed0_budget2", f"dmuon_lr{best_dmuon:g}_seed1_budget2",  # --budgets=0.5
     }  # fmt: skip
     for name, run in runs.items():
-        if "steps" not in name.rsplit("_", 1)[-1]:
+        if name.endswith("budget2"):  # its own 2-step schedule, evaluated at its end on the final episodes
+            assert run["train_steps"] == [1, 2] and run["success_curve"]["steps"] == [2]
+            assert all(t["episodes"] == 2 for t in run["final"]["tasks"].values())
+            config = (out / "runs" / name / "config.yaml").read_text()
+            assert "schedule_steps: 2\n" in config and "  steps: 2\n" in config
+        elif "steps" not in name.rsplit("_", 1)[-1]:
             assert run["success_curve"]["steps"] == [2, 4] and run["success_curve"]["episodes"] == [1, 2]
             assert all(t["episodes"] == 2 for t in run["final"]["tasks"].values())
     # seeds 0 and 1 differ in initial weights and data order: other losses
@@ -203,9 +253,21 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     assert chosen["difference"]["difference"] == pytest.approx(difference["difference"])
     assert not other["chosen"] and other["runs"] == [f"dmuon_lr{other_dmuon:g}_seed{s}" for s in (0, 1)]
     assert "sensitivity arm" in first.stdout
+    # --budgets: the short runs paired by seed with AdamW's full runs (AdamW's best, where they reach it).
+    short = study["short_budgets"]["2"]
+    assert short["budget_ratio"] == 0.5 and short["runs"] == [
+        f"dmuon_lr{best_dmuon:g}_seed{s}_budget2" for s in (0, 1)
+    ]
+    for seed, row in short["seeds"].items():
+        assert row["adamw_best_val_loss"] == paired["seeds"][seed]["adamw_best_val_loss"]
+        val = runs[f"dmuon_lr{best_dmuon:g}_seed{seed}_budget2"]["val_loss"]
+        assert row["dmuon_final_val_loss"] == val[-1]
+        assert (row["dmuon_step"] is not None) == (min(val) <= row["adamw_best_val_loss"])
+    assert -1 <= short["difference"]["ci"][0] <= short["difference"]["ci"][1] <= 1
+    assert "DMuon with a 2-step schedule (0.50x the study's steps" in first.stdout
     # A second call reuses every finished run.
     second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 8
+    assert second.returncode == 0 and second.stdout.count("finished earlier, reused") == 10
     assert "training ..." not in second.stdout
     # On a new machine (no run directories, no checkpoints) the archive's records are the study.
     archived = sorted(p.name for p in (tmp_path / "archive").iterdir())
@@ -214,14 +276,14 @@ def test_study_sweeps_seeds_and_reports(tmp_path, sim_dataset) -> None:
     runs_dir.rename(tmp_path / "old_runs")
     third = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert third.stdout.count("reused") == 8 and "training ..." not in third.stdout
+    assert third.stdout.count("reused") == 10 and "training ..." not in third.stdout
     again = json.loads((out / "study.json").read_text())
     assert again["best_lr"] == study["best_lr"] and again["muon_vs_dmuon"] == study["muon_vs_dmuon"]
     for key in ("final_success", "tasks", "runs"):
         assert again["optimizers"]["dmuon"][key] == study["optimizers"]["dmuon"][key]
     assert again["optimizers"]["steps_to_adamw_best"] == paired
     assert again["optimizers"]["difference"]["difference"] == difference["difference"]
-    assert again["layouts"] == study["layouts"]
+    assert again["layouts"] == study["layouts"] and again["short_budgets"] == study["short_budgets"]
     (tmp_path / "old_runs").rename(runs_dir)
 
     # scripts/diagnose_policy.py on one of these runs: both measurements come out, well-formed.
