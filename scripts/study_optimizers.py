@@ -411,18 +411,27 @@ def paired_steps(
         adamw, dmuon = (runs.get(run_name(o, per[o]["lr"], seed)) for o in ("adamw", "dmuon"))
         if adamw is None or dmuon is None or adamw["final"] is None or dmuon["final"] is None:
             continue
-        best, adamw_step, dmuon_step = steps_to_baseline_best(
-            (adamw["val_steps"], adamw["val_loss"]), (dmuon["val_steps"], dmuon["val_loss"])
-        )
-        seeds[str(seed)] = {
-            "adamw_best_val_loss": best,
-            "adamw_step": adamw_step,
-            "dmuon_step": dmuon_step,
-            "ratio": dmuon_step / adamw_step if dmuon_step is not None else None,
-        }
-    ratios = [s["ratio"] for s in seeds.values()]
-    ratio = statistics.fmean(ratios) if ratios and None not in ratios else None
-    return {"seeds": seeds, "ratio": ratio}
+        seeds[str(seed)] = _steps_to_adamw_best(adamw, dmuon)
+    return {"seeds": seeds, "ratio": _mean_ratio(seeds)}
+
+
+def _steps_to_adamw_best(adamw: dict[str, Any], dmuon: dict[str, Any]) -> dict[str, Any]:
+    """AdamW's best validation loss, the step it has it, the step DMuon's run reaches it (None: never)."""
+    best, adamw_step, dmuon_step = steps_to_baseline_best(
+        (adamw["val_steps"], adamw["val_loss"]), (dmuon["val_steps"], dmuon["val_loss"])
+    )
+    return {
+        "adamw_best_val_loss": best,
+        "adamw_step": adamw_step,
+        "dmuon_step": dmuon_step,
+        "ratio": dmuon_step / adamw_step if dmuon_step is not None else None,
+    }
+
+
+def _mean_ratio(seeds: dict[str, Any]) -> float | None:
+    """The mean of the seeds' ratios; None when there are none or a seed never reached its target."""
+    ratios = [row["ratio"] for row in seeds.values()]
+    return statistics.fmean(ratios) if ratios and None not in ratios else None
 
 
 def summarise(
@@ -546,31 +555,25 @@ def short_budgets(
         names = []
         for seed in args.seeds:
             adamw = runs.get(run_name("adamw", per["adamw"]["lr"], seed))
-            short = runs.get(run_name("dmuon", per["dmuon"]["lr"], seed, budget=budget))
+            name = run_name("dmuon", per["dmuon"]["lr"], seed, budget=budget)
+            short = runs.get(name)
             if adamw is None or short is None or short["final"] is None or not adamw["val_loss"]:
                 continue
-            names.append(run_name("dmuon", per["dmuon"]["lr"], seed, budget=budget))
-            best, adamw_step, reached = steps_to_baseline_best(
-                (adamw["val_steps"], adamw["val_loss"]), (short["val_steps"], short["val_loss"])
-            )
-            seeds[str(seed)] = {
-                "adamw_best_val_loss": best,
-                "adamw_step": adamw_step,
-                "dmuon_step": reached,
-                "dmuon_final_val_loss": short["val_loss"][-1] if short["val_loss"] else None,
-                "ratio": reached / adamw_step if reached is not None else None,
+            names.append(name)
+            seeds[str(seed)] = _steps_to_adamw_best(adamw, short) | {
+                "dmuon_final_val_loss": short["val_loss"][-1] if short["val_loss"] else None
             }
         if not names:
             continue
-        ratios = [row["ratio"] for row in seeds.values()]
-        adamw_runs = [n for n in per["adamw"]["runs"] if runs[n]["seed"] in {runs[m]["seed"] for m in names}]
+        paired_seeds = {runs[n]["seed"] for n in names}
+        adamw_runs = [n for n in per["adamw"]["runs"] if runs[n]["seed"] in paired_seeds]
         rows[str(budget)] = {
             "budget": budget,
             "budget_ratio": budget / args.budget,
             "runs": names,
             "seeds": seeds,
-            "reached": sum(r is not None for r in ratios),
-            "ratio": statistics.fmean(ratios) if None not in ratios else None,
+            "reached": sum(row["ratio"] is not None for row in seeds.values()),
+            "ratio": _mean_ratio(seeds),
             "final_success": asdict(seed_spread([runs[n]["final"]["mean_success"] for n in names])),
             "against": {"lr": per["adamw"]["lr"], "runs": adamw_runs},
             "difference": asdict(

@@ -131,7 +131,7 @@ def run_ranks(
         if hung:
             stacks = ""
             for r in hung:
-                stack_file = Path(out_dir) / f"rank{r}.stacks"
+                stack_file = out / f"rank{r}.stacks"
                 stack = stack_file.read_text() if stack_file.exists() else ""
                 how = "killed by the harness" if r in alive else "ended itself"
                 stacks += f"\n--- rank {r} ({how}) ---\n{stack or '(none written: it had not started)'}"
