@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Run CI's command so that it can never sit out CI's whole budget silently.
 
-    python3 .ci/supervise.py [--budget-s S] [--poll-s P] [--heartbeat-s H] [--grace-s G] -- COMMAND [ARGS...]
+    python3 .ci/supervise.py [--budget-s S] [--rank-limit-s R] [--poll-s P] [--heartbeat-s H] [--grace-s G] \
+        -- COMMAND [ARGS...]
 
 Two CI runs ended at CI's 5400 s limit with nothing printed after the same test, though pytest-timeout
 (10 min), tests/hard_limit.py's watchdog thread (15 min) and the distributed harness's own deadline were
@@ -14,6 +15,11 @@ kernel, or starved. The cause is not known. Only a process outside it can see an
   stopped (state T) on two polls running is reported and continued (SIGCONT);
 - prints a one-line heartbeat every H seconds (processes, their states, load, free memory), so a
   freeze shows in the log as the time the heartbeats stopped;
+- ends a child that pytest spawned (multiprocessing; a distributed test's rank) older than R seconds,
+  longer than any test may (pytest-timeout's 600 s): it asks for its stacks first (SIGUSR1: the test
+  harness writes them where the test reports them), then kills it, so the test fails or runs again
+  instead of the whole run waiting. Once, such ranks and every bound inside the run (the harness's
+  deadline, pytest-timeout, tests/hard_limit.py) stood still for an hour while this process kept time;
 - past S seconds prints every process of the session (state, kernel wait channel, age, command
   line), asks pytest for every thread's stack (SIGUSR1: tests/hard_limit.py registers it), gives it
   G seconds to print them, then kills the session and exits 124.
@@ -36,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUDGET_EXIT = 124
+RANK_MARK = "from multiprocessing.spawn import spawn_main"  # how a spawned child's command line reads
 
 
 @dataclass(frozen=True)
@@ -84,12 +91,14 @@ def _uptime_ticks() -> float:
     return float(Path("/proc/uptime").read_text().split()[0]) * os.sysconf("SC_CLK_TCK")
 
 
+def age_s(proc: Proc) -> float:
+    return (_uptime_ticks() - proc.start_ticks) / os.sysconf("SC_CLK_TCK")
+
+
 def describe(procs: list[Proc], width: int = 160) -> str:
-    now = _uptime_ticks()
-    hz = os.sysconf("SC_CLK_TCK")
     lines = [f"{'pid':>7} {'ppid':>7} st {'age_s':>7} {'wchan':<24} command"]
     for p in procs:
-        age = (now - p.start_ticks) / hz
+        age = age_s(p)
         lines.append(
             f"{p.pid:>7} {p.ppid:>7} {p.state:<2} {age:>7.0f} {p.wchan[:24]:<24} {p.cmdline[:width]}"
         )
@@ -119,7 +128,38 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-def supervise(command: list[str], budget_s: float, poll_s: float, heartbeat_s: float, grace_s: float) -> int:
+def end_overdue_ranks(procs: list[Proc], rank_limit_s: float, grace_s: float) -> None:
+    """Ask every child that pytest spawned and that is older than rank_limit_s for its stacks, then kill it."""
+    pytest_pids = {p.pid for p in procs if "pytest" in p.cmdline}
+    overdue = [
+        p for p in procs if p.ppid in pytest_pids and RANK_MARK in p.cmdline and age_s(p) > rank_limit_s
+    ]
+    if not overdue:
+        return
+    for p in overdue:
+        say(
+            f"[ci/supervise] pid {p.pid}, a spawned child (a distributed test's rank), has run "
+            f"{age_s(p):.0f}s, longer than any test may (--rank-limit-s {rank_limit_s:g}): "
+            f"asking for its stacks, then killing it"
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGCONT)
+            os.kill(p.pid, signal.SIGUSR1)
+    say(describe(procs))
+    time.sleep(grace_s)
+    for p in overdue:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGKILL)
+
+
+def supervise(
+    command: list[str],
+    budget_s: float,
+    rank_limit_s: float,
+    poll_s: float,
+    heartbeat_s: float,
+    grace_s: float,
+) -> int:
     child = subprocess.Popen(command, start_new_session=True)
     session = child.pid  # the child is its session's (and process group's) leader
 
@@ -151,6 +191,7 @@ def supervise(command: list[str], budget_s: float, poll_s: float, heartbeat_s: f
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         seen_stopped = stopped - seen_stopped
+        end_overdue_ranks(procs, rank_limit_s, grace_s)
         if now >= next_heartbeat:
             say(heartbeat(now - start, procs))
             next_heartbeat = now + heartbeat_s
@@ -184,6 +225,12 @@ def _end_over_budget(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget-s", type=float, default=3600.0, help="kill the command after this long")
+    parser.add_argument(
+        "--rank-limit-s",
+        type=float,
+        default=660.0,
+        help="ask a spawned child (a distributed test's rank) older than this for its stacks and kill it",
+    )
     parser.add_argument("--poll-s", type=float, default=5.0, help="how often its processes are checked")
     parser.add_argument("--heartbeat-s", type=float, default=300.0, help="how often a status line is printed")
     parser.add_argument("--grace-s", type=float, default=5.0, help="time for pytest to print its stacks")
@@ -192,9 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given: supervise.py [options] -- COMMAND [ARGS...]")
-    if min(args.budget_s, args.poll_s, args.heartbeat_s) <= 0:
-        parser.error("--budget-s, --poll-s and --heartbeat-s must be positive")
-    return supervise(command, args.budget_s, args.poll_s, args.heartbeat_s, max(args.grace_s, 0.0))
+    if min(args.budget_s, args.rank_limit_s, args.poll_s, args.heartbeat_s) <= 0:
+        parser.error("--budget-s, --rank-limit-s, --poll-s and --heartbeat-s must be positive")
+    return supervise(
+        command, args.budget_s, args.rank_limit_s, args.poll_s, args.heartbeat_s, max(args.grace_s, 0.0)
+    )
 
 
 if __name__ == "__main__":

@@ -83,6 +83,35 @@ def test_a_stuck_pytest_prints_every_stack_before_it_is_killed(tmp_path: Path) -
     assert 'test_case.py", line 5 in test_stuck' in proc.stderr  # pytest's SIGUSR1 stacks
 
 
+def test_a_spawned_rank_past_the_rank_limit_writes_its_stacks_and_is_killed(tmp_path: Path) -> None:
+    # A distributed test's rank that outlives every test: the command (the test) goes on and sees it die.
+    stacks = tmp_path / "rank.stacks"
+    script = (
+        "import faulthandler, multiprocessing, signal, sys, time\n"
+        "def rank(path):\n"
+        "    faulthandler.register(signal.SIGUSR1, file=open(path, 'w'), all_threads=True)\n"
+        "    time.sleep(300)\n"
+        "if __name__ == '__main__':\n"
+        "    child = multiprocessing.get_context('spawn').Process(target=rank, args=(sys.argv[1],))\n"
+        "    child.start(); child.join()\n"
+        "    print('rank ended with', child.exitcode)\n"
+    )
+    (tmp_path / "pytest_like.py").write_text(script)  # only pytest's spawned children are ranks
+    start = time.monotonic()
+    proc = _run(
+        ["--rank-limit-s", "2", "--poll-s", "0.2", "--grace-s", "1"],
+        [sys.executable, str(tmp_path / "pytest_like.py"), str(stacks)],
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "rank ended with -9\n"  # killed, and the command itself went on
+    assert "a spawned child (a distributed test's rank), has run" in proc.stderr
+    assert (
+        "longer than any test may (--rank-limit-s 2): asking for its stacks, then killing it" in proc.stderr
+    )
+    assert "in rank" in stacks.read_text()  # the stacks it wrote when asked
+    assert time.monotonic() - start < 60
+
+
 def test_a_signal_to_the_supervisor_ends_the_command() -> None:
     supervisor = subprocess.Popen(
         [*SUPERVISE, "--poll-s", "0.2", "--", "sleep", "300"], stderr=subprocess.PIPE

@@ -4,9 +4,12 @@
 
 The target is "module:function" resolved in the child with this directory on sys.path, called as
 fn(rank, world, *args); its return value comes back through torch.save. A rank that raises fails
-the test with that rank's traceback; a rank still running at the deadline writes its stacks and ends
-itself, and the test names it with them, so a collective mismatch can never hang the suite and a hang
-says where it is.
+the test with that rank's traceback. A rank that does not finish is a hang, bounded three ways, each
+writing the rank's stacks: its own watchdog ends it at the deadline, the kernel ends it past its
+CPU-time limit (a rank spinning in native code), and CI's supervisor asks a rank that outlives every
+test's limit for its stacks and kills it. A hang is run once more, with a warning that carries the
+first run's stacks (gloo was seen to spin in its TCP loop, rarely, and never twice in a row); a second
+hang fails the test with both.
 """
 
 from __future__ import annotations
@@ -15,16 +18,30 @@ import faulthandler
 import importlib
 import multiprocessing as mp
 import os
+import resource
+import signal
 import socket
 import sys
 import tempfile
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+# Ended from outside without a result: the kernel's CPU-time limit (SIGKILL at the hard limit, SIGXCPU
+# if a handler chain lets it through) or a supervisor's SIGKILL.
+_OUTSIDE_SIGNALS = {-signal.SIGKILL: "SIGKILL", -signal.SIGXCPU: "SIGXCPU"}
+
+
+class RankHang(AssertionError):
+    """Ranks that did not finish: still running at the deadline, or ended from outside."""
+
+
+class HangRetried(UserWarning):
+    """A run of ranks hung once and passed when run again; the message holds the first run's stacks."""
 
 
 def free_port() -> int:
@@ -42,6 +59,7 @@ def _entry(
     out_dir: str,
     pg_timeout: float,
     deadline_s: float,
+    cpu_limit_s: float,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -52,6 +70,14 @@ def _entry(
     # own deadline passed unnoticed for 15 minutes.
     stack_file = open(Path(out_dir) / f"rank{rank}.stacks", "w")  # noqa: SIM115 (lives as long as the rank)
     faulthandler.dump_traceback_later(deadline_s, exit=True, file=stack_file)
+    # A rank spinning in native code (gloo's TCP loop, seen at 95% CPU) starved every other process
+    # here, watchdogs included, for as long as it spun. The kernel's CPU-time limit needs no one's
+    # help: at the soft limit SIGXCPU writes the stacks, one CPU-second later the hard limit kills it.
+    faulthandler.register(signal.SIGXCPU, file=stack_file, all_threads=True)
+    soft = max(1, int(cpu_limit_s))
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1))
+    # CI's supervisor asks for the stacks (SIGUSR1) before it kills a rank that outlived every test.
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     sys.path.insert(0, str(HERE))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
@@ -76,17 +102,50 @@ def _size(path: Path) -> int:
 
 
 def run_ranks(
-    target: str, world: int, args: tuple = (), *, timeout: float = 300, pg_timeout: float = 120
+    target: str,
+    world: int,
+    args: tuple = (),
+    *,
+    timeout: float = 300,
+    pg_timeout: float = 120,
+    cpu_limit: float | None = None,
+    attempts: int = 2,
+) -> list[Any]:
+    """fn(rank, world, *args) on `world` fresh gloo ranks; every rank's return value, in rank order.
+
+    timeout: wall seconds before a rank is a hang. cpu_limit: CPU seconds per rank before the kernel
+    ends it (default timeout / 3: the heaviest scenario, 240 s, used 12.5 s). attempts: runs
+    allowed when the ranks hang (a failure raised by a rank is never run again).
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, got {attempts}")
+    cpu_limit = max(timeout / 3, 10.0) if cpu_limit is None else cpu_limit
+    hangs: list[str] = []
+    for attempt in range(1, attempts + 1):
+        try:
+            return _run_once(target, world, args, timeout, pg_timeout, cpu_limit)
+        except RankHang as hang:
+            hangs.append(f"[run {attempt} of {attempts}] {hang}")
+            if attempt < attempts:
+                warnings.warn(
+                    f"{target} on {world} ranks hung; running it again.\n{hang}", HangRetried, stacklevel=2
+                )
+    raise RankHang("\n\n".join(hangs))
+
+
+def _run_once(
+    target: str, world: int, args: tuple, timeout: float, pg_timeout: float, cpu_limit: float
 ) -> list[Any]:
     import torch
 
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as out_dir:
+        out = Path(out_dir)
         port = free_port()
         procs = [
             ctx.Process(
                 target=_entry,
-                args=(r, world, port, target, args, out_dir, pg_timeout, timeout),
+                args=(r, world, port, target, args, out_dir, pg_timeout, timeout, cpu_limit),
                 daemon=True,
             )
             for r in range(world)
@@ -98,7 +157,7 @@ def run_ranks(
             failed_at: float | None = None
             while any(p.is_alive() for p in procs):
                 now = time.monotonic()
-                errors = sorted(Path(out_dir).glob("rank*.err"))
+                errors = sorted(out.glob("rank*.err"))
                 if errors and failed_at is None:
                     failed_at = now
                 # After one rank fails, the others get a short grace to fail too (their collectives
@@ -113,8 +172,46 @@ def run_ranks(
                 if p.is_alive():
                     p.kill()
                 p.join(5)
+
+        def finished(r: int) -> bool:
+            return (out / f"rank{r}.pt").exists() or (out / f"rank{r}.err").exists()
+
+        def stacks(ranks: list[int], how: dict[int, str]) -> str:
+            text = ""
+            for r in ranks:
+                stack_file = out / f"rank{r}.stacks"
+                stack = stack_file.read_text() if stack_file.exists() else ""
+                text += f"\n--- rank {r} ({how[r]}) ---\n{stack or '(none written: it had not started)'}"
+            return text
+
+        # A rank ended by a signal from outside is the cause; the others' errors follow from it.
+        outside = {
+            r: f"ended by {_OUTSIDE_SIGNALS[p.exitcode]}: its CPU-time limit of {cpu_limit:.0f}s, or a supervisor"
+            for r, p in enumerate(procs)
+            if r not in alive and not finished(r) and p.exitcode in _OUTSIDE_SIGNALS
+        }
+        if outside:
+            raise RankHang(
+                f"{target} on {world} ranks: ranks {sorted(outside)} ended from outside without a result "
+                f"(hang); their stacks:{stacks(sorted(outside), outside)}"
+            )
+        # A rank whose watchdog ended it at the deadline wrote its stacks first; a peer whose collective
+        # then failed (the rank left) is not the cause.
+        error_files = sorted(out.glob("rank*.err"), key=lambda f: f.stat().st_mtime)
+        ended_itself = [r for r in range(world) if not finished(r) and _size(out / f"rank{r}.stacks") > 0]
+        first_dump = min(((out / f"rank{r}.stacks").stat().st_mtime for r in ended_itself), default=None)
+        dumped_first = first_dump is not None and (
+            not error_files or first_dump <= error_files[0].stat().st_mtime
+        )
+        if dumped_first or (alive and not error_files):
+            how = {r: "ended itself" for r in ended_itself} | {r: "killed by the harness" for r in alive}
+            after = [int(f.stem[4:]) for f in error_files]
+            raise RankHang(
+                f"{target} on {world} ranks: ranks {sorted(how)} still running after {timeout:.0f}s (hang)"
+                + (f"; then ranks {after} failed (their peers left)" if after else "")
+                + f"; their stacks at the deadline:{stacks(sorted(how), how)}"
+            )
         # The first rank to fail is the cause; the others usually fail because it left.
-        error_files = sorted(Path(out_dir).glob("rank*.err"), key=lambda f: f.stat().st_mtime)
         if error_files:
             first = error_files[0]
             others = [int(f.stem[4:]) for f in error_files[1:]]
@@ -122,26 +219,9 @@ def run_ranks(
                 f"{target} on {world} ranks: rank {int(first.stem[4:])} failed first "
                 f"(then ranks {others}):\n{first.read_text()}"
             )
-        out = Path(out_dir)
-        hung = [  # killed here, or ended by its watchdog (stacks written) before returning anything
-            r
-            for r in range(world)
-            if r in alive or (not (out / f"rank{r}.pt").exists() and _size(out / f"rank{r}.stacks") > 0)
-        ]
-        if hung:
-            stacks = ""
-            for r in hung:
-                stack_file = out / f"rank{r}.stacks"
-                stack = stack_file.read_text() if stack_file.exists() else ""
-                how = "killed by the harness" if r in alive else "ended itself"
-                stacks += f"\n--- rank {r} ({how}) ---\n{stack or '(none written: it had not started)'}"
-            raise AssertionError(
-                f"{target} on {world} ranks: ranks {hung} still running after {timeout:.0f}s (hang); "
-                f"their stacks at the deadline:{stacks}"
-            )
         results = []
         for r in range(world):
-            path = Path(out_dir) / f"rank{r}.pt"
+            path = out / f"rank{r}.pt"
             if not path.exists():
                 code = procs[r].exitcode
                 raise AssertionError(f"{target}: rank {r} exited with code {code} and returned nothing")

@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 import workers
-from harness import run_ranks
+from harness import HangRetried, RankHang, run_ranks
 
 pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
@@ -157,14 +157,53 @@ def test_a_dying_rank_is_reported_and_nobody_hangs() -> None:
 def test_a_hang_is_cut_at_the_deadline_naming_where_each_rank_was() -> None:
     start = time.monotonic()
     with pytest.raises(AssertionError) as caught:
-        run_ranks("workers:hanging_rank", 2, timeout=15, pg_timeout=300)
+        run_ranks("workers:hanging_rank", 2, timeout=15, pg_timeout=300, attempts=1)
+    assert caught.type is RankHang
     assert time.monotonic() - start < 60  # the deadline, not the 120 s sleep or the 300 s gloo timeout
     message = str(caught.value)
-    assert "ranks [0, 1] still running after 15s (hang)" in message
-    # each rank ended itself at the deadline (its own watchdog), not waiting for the parent to kill it
-    rank0, rank1 = message.split("--- rank 0 (ended itself) ---")[1].split("--- rank 1 (ended itself) ---")
+    # each rank ends itself at the deadline (its own watchdog), not waiting for the parent to kill it;
+    # rank 1, inside the collective, may instead see rank 0 leave first and fail: rank 0 is the hang
+    rank0 = message.split("--- rank 0 (ended itself) ---")[1].split("--- rank 1")[0]
     assert 'workers.py", line' in rank0 and "in hanging_rank" in rank0
-    assert "in barrier" in rank1 and "in hanging_rank" in rank1  # rank 1 is inside the collective
+    if "ranks [0, 1] still running after 15s (hang); their stacks" in message:
+        rank1 = message.split("--- rank 1 (ended itself) ---")[1]
+        assert "in barrier" in rank1 and "in hanging_rank" in rank1
+    else:
+        assert "ranks [0] still running after 15s (hang); then ranks [1] failed (their peers left)" in message
+
+
+def test_a_rank_spinning_without_end_is_ended_by_its_cpu_limit_naming_where_it_was(tmp_path) -> None:
+    # The wall deadline (120 s) is far off: the kernel's CPU-time limit ends the spinning rank, and its
+    # stacks were written at the soft limit. Rank 0, whose barrier then fails, is not the cause.
+    start = time.monotonic()
+    with pytest.raises(RankHang) as caught:
+        run_ranks(
+            "workers:spins_the_first_time", 2, args=(str(tmp_path),), timeout=120, cpu_limit=8, attempts=1
+        )
+    assert time.monotonic() - start < 60
+    message = str(caught.value)
+    assert "ranks [1] ended from outside without a result (hang)" in message
+    assert "--- rank 1 (ended by SIGKILL: its CPU-time limit of 8s, or a supervisor) ---" in message
+    assert "in spins_the_first_time" in message.split("--- rank 1")[1]
+
+
+def test_a_run_that_hangs_once_is_run_again_with_a_warning_holding_its_stacks(tmp_path) -> None:
+    with pytest.warns(HangRetried) as warned:
+        results = run_ranks(
+            "workers:spins_the_first_time", 2, args=(str(tmp_path),), timeout=120, cpu_limit=8
+        )
+    assert results == [0, 1]  # the second run passed
+    (warning,) = warned
+    assert "workers:spins_the_first_time on 2 ranks hung; running it again." in str(warning.message)
+    assert "in spins_the_first_time" in str(warning.message)
+
+
+def test_a_run_that_hangs_every_time_fails_with_each_runs_stacks() -> None:
+    with pytest.warns(HangRetried), pytest.raises(RankHang) as caught:
+        run_ranks("workers:spins_the_first_time", 2, args=(None,), timeout=120, cpu_limit=8)
+    message = str(caught.value)
+    assert "[run 1 of 2]" in message and "[run 2 of 2]" in message
+    assert message.count("in spins_the_first_time") == 2  # rank 1's stacks, from each run
 
 
 def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:

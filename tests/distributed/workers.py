@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -307,6 +308,22 @@ def hanging_rank(rank: int, world: int) -> None:
     if rank == 0:
         time.sleep(120)
     dist.barrier()
+
+
+def spins_the_first_time(rank: int, world: int, flag_dir: str | None) -> int:
+    """On the first run (no flag file yet; every run if flag_dir is None) rank 1 spins forever and
+    rank 0 waits for it in a barrier; on a later run both return their rank."""
+    flag = Path(flag_dir) / "spun" if flag_dir is not None else None
+    first = flag is None or not flag.exists()
+    dist.barrier()  # every rank has read the flag before rank 1 writes it
+    if first:
+        if rank == 1:
+            if flag is not None:
+                flag.write_text("")
+            while True:  # the gloo TCP loop's spin, as the kernel sees it: CPU time without end
+                pass
+        dist.barrier()
+    return rank
 
 
 def copy_model(model: nn.Module) -> nn.Module:
