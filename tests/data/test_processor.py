@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -171,6 +175,33 @@ def test_dataloader_with_two_workers_matches_in_process_loading(video_dataset) -
         assert a.observation.images["base_0_rgb"].dtype == torch.float32  # finalized by the loader
         torch.testing.assert_close(a.observation.images["base_0_rgb"], b.observation.images["base_0_rgb"])
         torch.testing.assert_close(a.actions, b.actions)
+
+
+def _children() -> dict[int, str]:
+    """This process's child processes: pid -> command line (Linux /proc)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                if int(stat[stat.rindex(")") + 2 :].split()[1]) == os.getpid():
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return found
+
+
+def test_loader_workers_start_from_a_forkserver_not_a_fork_of_this_threaded_process(video_dataset) -> None:
+    # A fork copies a lock another thread holds; on CPython 3.11.7 a forked worker was seen to stop for
+    # good inside the fork (gh-112275). Workers from the forkserver are its children, not ours.
+    processor, dataset = processor_and_dataset(video_dataset.root, uint8_images=True)
+    before = _children()
+    loader = make_dataloader(dataset, processor, batch_size=4, num_workers=2, seed=3, rank=0, world_size=1)
+    batches = iter(loader)
+    next(batches)  # the two persistent workers are running now
+    started = [cmd for pid, cmd in _children().items() if pid not in before]
+    # Forked workers would be two new children with this process's command line; the only child a
+    # loader may add is the forkserver itself (started by the first loader of this process).
+    assert all("from multiprocessing.forkserver import main" in cmd for cmd in started), started
+    assert len(list(batches)) == 21 // 4 - 1  # and the workers deliver the rest of the epoch
 
 
 def test_raw_uint8_frames_are_resized_in_float_as_lerobot_does(image_dataset) -> None:

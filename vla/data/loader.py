@@ -13,6 +13,7 @@ it, so ranks see disjoint samples and a resumed run replays exactly the remainin
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -130,6 +131,21 @@ class _EpochKeyedDataset(Dataset):
         return item
 
 
+def worker_context() -> multiprocessing.context.BaseContext:
+    """How loader workers start: from a forkserver, a clean single-threaded process.
+
+    Forking the training process itself (DataLoader's default) copies a process with threads (gloo's,
+    tensorboard's writer, watchdogs): a worker can inherit a lock that another thread held at the fork.
+    On CPython 3.11.7 that was seen here: both workers of a validation loader stopped for good inside
+    the fork (PyOS_AfterFork_Child waiting on the runtime's HEAD_LOCK, gh-112275, fixed in 3.11.8),
+    before any of our code ran, and the DataLoader waits on its workers without a bound. The server
+    imports this module (torch and vla.data) once, so a worker starts as fast as a fork.
+    """
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
 def _worker_init(worker_id: int) -> None:
     # Each worker decodes on its own core: torch's intra-op threads would only oversubscribe.
     torch.set_num_threads(1)
@@ -190,6 +206,7 @@ class BatchLoader:
             drop_last=drop_last,
             pin_memory=pin_memory,
             worker_init_fn=_worker_init if num_workers > 0 else None,
+            multiprocessing_context=worker_context() if num_workers > 0 else None,
             prefetch_factor=prefetch_factor if num_workers > 0 else None,
             persistent_workers=persistent_workers and num_workers > 0,
         )
