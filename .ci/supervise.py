@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rank-limit-s",
         type=float,
-        default=660.0,
+        default=600.0,
         help="ask a spawned child (a distributed test's rank) older than this for its stacks and kill it",
     )
     parser.add_argument("--poll-s", type=float, default=5.0, help="how often its processes are checked")

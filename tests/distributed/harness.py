@@ -1,15 +1,17 @@
 """Run a function on W gloo ranks in fresh processes, with a hard timeout and per-rank errors.
 
-    results = run_ranks("workers:fsdp_scenarios", world=2, args=(...), timeout=240)
+    results = run_ranks("workers:fsdp_scenarios", world=2, args=(...), timeout=250)
 
 The target is "module:function" resolved in the child with this directory on sys.path, called as
 fn(rank, world, *args); its return value comes back through torch.save. A rank that raises fails
 the test with that rank's traceback. A rank that does not finish is a hang, bounded three ways, each
 writing the rank's stacks: its own watchdog ends it at the deadline, the kernel ends it past its
 CPU-time limit (a rank spinning in native code), and CI's supervisor asks a rank that outlives every
-test's limit for its stacks and kills it. A hang is run once more, with a warning that carries the
-first run's stacks (gloo was seen to spin in its TCP loop, rarely, and never twice in a row); a second
-hang fails the test with both.
+test's limit for its stacks and kills it. Before a rank ends that way, the harness records which of its
+threads ran or waited (CPU seconds, kernel wait channel) and their native stacks (gdb, where installed):
+at 3/4 of its CPU-time limit, and 20 s before the deadline. A hang is run once more, with a warning that
+carries the first run's report (a rank of the 4-rank split scenario was seen to spin 133 CPU-seconds
+waiting on an all-to-all, rarely, and never twice in a row); a second hang fails the test with both.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import importlib
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +46,54 @@ class RankHang(AssertionError):
 
 class HangRetried(UserWarning):
     """A run of ranks hung once and passed when run again; the message holds the first run's stacks."""
+
+
+def thread_table(pid: int) -> str:
+    """One line per thread of `pid` (Linux /proc): name, state, CPU seconds, kernel wait channel, syscall."""
+    hz = os.sysconf("SC_CLK_TCK")
+    rows = []
+    tasks = Path(f"/proc/{pid}/task")
+    for task in sorted(tasks.iterdir(), key=lambda t: int(t.name)) if tasks.exists() else []:
+        try:
+            stat = (task / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            name = (task / "comm").read_text().strip()
+            wchan = (task / "wchan").read_text().strip() or "-"
+            syscall = (task / "syscall").read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        user, system = int(fields[11]) / hz, int(fields[12]) / hz
+        rows.append(
+            f"  tid {task.name:>7} {name:<16} {fields[0]} user {user:6.1f}s sys {system:6.1f}s "
+            f"wchan {wchan:<20} syscall {syscall}"
+        )
+    return "\n".join(rows)
+
+
+def native_stacks(pid: int, timeout: float = 60) -> str:
+    """Every thread's native stack (gdb, where installed; it stops the process while it reads)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "(gdb is not installed: no native stacks)"
+    try:
+        done = subprocess.run(
+            [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 16"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return f"(gdb did not finish in {timeout:.0f}s)"
+    return "\n".join(line for line in done.stdout.splitlines() if line.startswith(("Thread ", "#")))
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -113,9 +165,11 @@ def run_ranks(
 ) -> list[Any]:
     """fn(rank, world, *args) on `world` fresh gloo ranks; every rank's return value, in rank order.
 
-    timeout: wall seconds before a rank is a hang. cpu_limit: CPU seconds per rank before the kernel
-    ends it (default timeout / 3: the heaviest scenario, 240 s, used 12.5 s). attempts: runs
-    allowed when the ranks hang (a failure raised by a rank is never run again).
+    timeout: wall seconds before a rank is a hang; `attempts` runs of it must fit in the test's
+    pytest-timeout (600 s), so 250 s at most with the default two (a scenario takes 10-70 s here).
+    cpu_limit: CPU seconds per rank before the kernel ends it (default timeout / 3: the heaviest
+    scenario used 12.5 s). attempts: runs allowed when the ranks hang (a failure a rank raises is never
+    run again).
     """
     if attempts < 1:
         raise ValueError(f"attempts must be at least 1, got {attempts}")
@@ -150,13 +204,43 @@ def _run_once(
             )
             for r in range(world)
         ]
+        diagnosed: set[int] = set()
+
+        def diagnose(r: int, why: str) -> None:
+            """Which thread of a suspect rank spins or waits, and where in native code, before it ends."""
+            pid = procs[r].pid
+            if r in diagnosed or pid is None or not procs[r].is_alive():
+                return
+            diagnosed.add(r)
+            table = thread_table(pid)
+            (out / f"rank{r}.native").write_text(
+                f"{why}\nthreads:\n{table}\nnative stacks:\n{native_stacks(pid)}\n"
+            )
+
         try:
             for p in procs:
                 p.start()
-            deadline = time.monotonic() + timeout + 10  # the ranks' own watchdogs end them at `timeout`
+            start = time.monotonic()
+            deadline = start + timeout + 10  # the ranks' own watchdogs end them at `timeout`
+            # A hang's native picture is taken while the ranks still run: 20 s before their deadline,
+            # and for a rank that has used 3/4 of its CPU-time limit (a spin; the kernel ends it at the limit).
+            look_at = start + timeout - 20 if timeout >= 60 else None
             failed_at: float | None = None
             while any(p.is_alive() for p in procs):
                 now = time.monotonic()
+                for r, p in enumerate(procs):
+                    if p.pid is not None and _cpu_seconds(p.pid) > 0.75 * cpu_limit:
+                        diagnose(
+                            r,
+                            f"it had used {_cpu_seconds(p.pid):.0f}s of CPU time ({cpu_limit:.0f}s allowed)",
+                        )
+                if look_at is not None and now > look_at:
+                    for r in range(world):
+                        diagnose(
+                            r,
+                            f"it was still running {now - start:.0f}s after it started ({timeout:.0f}s allowed)",
+                        )
+                    look_at = None
                 errors = sorted(out.glob("rank*.err"))
                 if errors and failed_at is None:
                     failed_at = now
@@ -182,6 +266,9 @@ def _run_once(
                 stack_file = out / f"rank{r}.stacks"
                 stack = stack_file.read_text() if stack_file.exists() else ""
                 text += f"\n--- rank {r} ({how[r]}) ---\n{stack or '(none written: it had not started)'}"
+                native = out / f"rank{r}.native"
+                if native.exists():
+                    text += f"\n--- rank {r}, seen by the harness before it ended: {native.read_text()}"
             return text
 
         # A rank ended by a signal from outside is the cause; the others' errors follow from it.

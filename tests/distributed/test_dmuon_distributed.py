@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import _thread
 import multiprocessing
+import shutil
 import signal
 import threading
 import time
@@ -48,7 +49,7 @@ def references() -> dict[str, dict]:
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_fsdp_and_ddp_match_single_process(world: int, references) -> None:
-    results = run_ranks("workers:fsdp_scenarios", world, timeout=400)
+    results = run_ranks("workers:fsdp_scenarios", world, timeout=250)
     keys = [
         "fsdp_standard_lpt",
         "fsdp_gram_milp",
@@ -75,7 +76,7 @@ def test_fsdp_and_ddp_match_single_process(world: int, references) -> None:
 
 @pytest.mark.parametrize("ns_algorithm", ["standard", "gram"])
 def test_hsdp_2x2_matches_single_process_and_replicas_agree(ns_algorithm: str, references) -> None:
-    results = run_ranks("workers:hsdp_scenario", 4, args=(ns_algorithm,), timeout=400)
+    results = run_ranks("workers:hsdp_scenario", 4, args=(ns_algorithm,), timeout=250)
     assert results[0]["placements"] == ("Replicate", "Shard")
     for key in (
         "share",
@@ -121,7 +122,7 @@ def test_split_matrices_match_single_process(world: int, ns_algorithm: str, refe
     """Split over all ranks: tall (fc_in, 37 rows sharded 10/10/10/7) and wide matrices, an empty shard
     (head, 3 rows on 4 ranks: also fewer m x m rows than ranks), 3-D/4-D weights, a batch of three
     same-shape matrices, pipelined and serial buckets, FSDP2 and DDP."""
-    results = run_ranks("workers:split_scenarios", world, args=(ns_algorithm,), timeout=400)
+    results = run_ranks("workers:split_scenarios", world, args=(ns_algorithm,), timeout=250)
     for key in ("fsdp_split", "fsdp_split_buckets_serial", "fsdp_split_buckets_overlap", "ddp_split"):
         for rank, result in enumerate(results):
             _assert_matches(result[key], references[ns_algorithm], f"{key} rank {rank}/{world}")
@@ -134,10 +135,10 @@ def test_split_matrices_match_single_process(world: int, ns_algorithm: str, refe
 
 def test_dcp_checkpoint_saved_on_2_ranks_resumes_on_1_and_4(tmp_path) -> None:
     directory = str(tmp_path / "ckpt")
-    uninterrupted = run_ranks("workers:dcp_save", 2, args=(directory, 2), timeout=300)[0]
+    uninterrupted = run_ranks("workers:dcp_save", 2, args=(directory, 2), timeout=250)[0]
     _assert_matches(uninterrupted, workers.reference(steps=3), "uninterrupted 2-rank run")
     for world in (1, 4):
-        resumed = run_ranks("workers:dcp_resume", world, args=(directory, 2), timeout=300)
+        resumed = run_ranks("workers:dcp_resume", world, args=(directory, 2), timeout=250)
         for rank, result in enumerate(resumed):
             _assert_matches(result, uninterrupted, f"resumed on {world} ranks, rank {rank}")
 
@@ -185,6 +186,13 @@ def test_a_rank_spinning_without_end_is_ended_by_its_cpu_limit_naming_where_it_w
     assert "ranks [1] ended from outside without a result (hang)" in message
     assert "--- rank 1 (ended by SIGKILL: its CPU-time limit of 8s, or a supervisor) ---" in message
     assert "in spins_the_first_time" in message.split("--- rank 1")[1]
+    # the harness looked at it before the kernel ended it: which thread spun, and its native stacks
+    seen = message.split("--- rank 1, seen by the harness before it ended: ")[1]
+    assert seen.startswith("it had used ") and "s of CPU time (8s allowed)" in seen
+    spinning = [line for line in seen.splitlines() if " python " in line and " R user " in line]
+    assert spinning, seen  # the main thread, running
+    if shutil.which("gdb"):
+        assert "Thread 1 " in seen and "#0 " in seen
 
 
 def test_a_run_that_hangs_once_is_run_again_with_a_warning_holding_its_stacks(tmp_path) -> None:
@@ -215,7 +223,7 @@ def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            run_ranks("workers:hanging_rank", 2, timeout=120, pg_timeout=300)
+            run_ranks("workers:hanging_rank", 2, timeout=120, pg_timeout=250)
     finally:
         timer.cancel()
         signal.signal(signal.SIGINT, previous)
@@ -223,7 +231,7 @@ def test_no_rank_outlives_a_wait_that_is_cut_short() -> None:
 
 
 def test_calibrated_cost_model_is_shared_and_cached(tmp_path, references) -> None:
-    results = run_ranks("workers:calibrated_cost_model", 2, args=(str(tmp_path),), timeout=300)
+    results = run_ranks("workers:calibrated_cost_model", 2, args=(str(tmp_path),), timeout=250)
     for rank, result in enumerate(results):
         _assert_matches(result["params"], references["standard"], f"calibrated rank {rank}")
     _assert_plans_valid([r["plans"] for r in results], "calibrated")
@@ -231,7 +239,7 @@ def test_calibrated_cost_model_is_shared_and_cached(tmp_path, references) -> Non
 
 
 def test_pinned_process_group_runs_independent_jobs() -> None:
-    results = run_ranks("workers:pinned_process_group", 4, timeout=300)
+    results = run_ranks("workers:pinned_process_group", 4, timeout=250)
     for result in results:
         expected = workers.pinned_reference(result["job"])
         for got, ref in zip(result["params"], expected):
@@ -285,7 +293,7 @@ def test_two_level_exchange_and_bf16_wire_in_the_optimizer(references) -> None:
     """4 gloo ranks as 2 nodes x 2: two-level (pipelined, serial, split) equals the flat exchange bit
     for bit and the single process within 1e-5; the bf16 wire is close but not exact, and leaves
     HSDP replicas identical."""
-    results = run_ranks("workers:two_level_scenarios", 4, timeout=400)
+    results = run_ranks("workers:two_level_scenarios", 4, timeout=250)
     reference = references["standard"]
     for rank, r in enumerate(results):
         for key in (
