@@ -229,11 +229,9 @@ def _run_once(
             while any(p.is_alive() for p in procs):
                 now = time.monotonic()
                 for r, p in enumerate(procs):
-                    if p.pid is not None and _cpu_seconds(p.pid) > 0.75 * cpu_limit:
-                        diagnose(
-                            r,
-                            f"it had used {_cpu_seconds(p.pid):.0f}s of CPU time ({cpu_limit:.0f}s allowed)",
-                        )
+                    used = _cpu_seconds(p.pid) if p.pid is not None else 0.0
+                    if used > 0.75 * cpu_limit:
+                        diagnose(r, f"it had used {used:.0f}s of CPU time ({cpu_limit:.0f}s allowed)")
                 if look_at is not None and now > look_at:
                     for r in range(world):
                         diagnose(
