@@ -21,6 +21,8 @@ from typing import Any
 
 import xxhash
 
+from vla.atomic import write_file_atomically
+
 CHECKPOINT_ALGORITHM = "xxh3_128"
 EXPORT_ALGORITHM = "sha256"
 _ALGORITHMS: dict[str, Callable[[], Any]] = {"xxh3_128": xxhash.xxh3_128, "sha256": hashlib.sha256}
@@ -75,14 +77,10 @@ def sidecar(path: Path | str) -> Path:
 
 
 def write_sidecar(path: Path | str) -> Path:
-    """Write `<file>.sha256` for `path` (atomically: a temp file renamed into place)."""
+    """Write `<file>.sha256` for `path` (atomically: a temp file of this process renamed into place)."""
     path = Path(path)
     hex_digest = file_digest(path, EXPORT_ALGORITHM).split(":", 1)[1]
-    target = sidecar(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_text(f"{hex_digest}  {path.name}\n")
-    os.replace(tmp, target)
-    return target
+    return write_file_atomically(sidecar(path), lambda tmp: tmp.write_text(f"{hex_digest}  {path.name}\n"))
 
 
 def check_sidecar(path: Path | str) -> bool | None:

@@ -262,3 +262,82 @@ def test_a_damaged_export_is_named_not_a_raw_safetensors_error(tmp_path: Path) -
         load_exported_policy(path)
     with pytest.raises(DamagedExportError, match=r"model\.weights=.*truncated or damaged"):
         _load_weights(build_policy("pi0_tiny"), str(path), "auto")
+
+
+def _export_inputs() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A small state dict (with a tied pair) and an export-like header of several entries."""
+    weight = torch.arange(12.0).reshape(3, 4)
+    state = {
+        "w": weight,
+        "w_tied": weight,
+        "b": torch.ones(4),
+        "scale": torch.tensor([0.5], dtype=torch.bfloat16),
+    }
+    config = {"name": 'a "quoted" name', "unicode": "café ✓", "control": "tab\there", "sizes": [1, 2, 3]}
+    header = {"format": "pt", "vla.layout": "vla", "policy_config": json.dumps(config, sort_keys=True)}
+    header.update({f"entry_{i}": str(i) * i for i in range(1, 7)})
+    return state, header
+
+
+def test_an_export_is_the_same_bytes_however_often_it_is_written(tmp_path: Path) -> None:
+    """safetensors writes its metadata map in a random order on every write (safetensors#584), so the
+    same weights exported twice had two sha256s; the export sorts it, keeping every entry and offset."""
+    from safetensors import safe_open
+
+    from vla.training.export import write_safetensors
+
+    state, header = _export_inputs()
+    paths = [write_safetensors(state, tmp_path / f"export_{i}.safetensors", header) for i in range(8)]
+    assert len({p.read_bytes() for p in paths}) == 1
+    with safe_open(str(paths[0]), framework="pt") as f:
+        assert f.metadata() == {**header, "tied": json.dumps({"w_tied": "w"})}
+        assert sorted(f.keys()) == ["b", "scale", "w"]
+        assert torch.equal(f.get_tensor("w"), state["w"]) and f.get_tensor("scale").dtype == torch.bfloat16
+    raw = paths[0].read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    assert list(json.loads(raw[8 : 8 + length])["__metadata__"]) == sorted([*header, "tied"])
+
+
+_REWRITE_EXPORT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from test_checkpoint_faults import _export_inputs
+from vla.checksums import write_sidecar
+from vla.training.export import write_safetensors
+state, header = _export_inputs()
+for _ in range(int(sys.argv[2])):
+    write_sidecar(write_safetensors(state, Path(sys.argv[1]), header))
+"""
+
+
+def test_an_export_rewritten_by_other_processes_always_verifies(tmp_path: Path) -> None:
+    """Two evaluations of one checkpoint both export it to the same directory while a third reads it:
+    the file and its .sha256 must agree whenever they are read (they did not when the bytes depended
+    on the write, and both writers shared one temporary sidecar name)."""
+    import subprocess
+    import sys
+    import time
+
+    from vla.checksums import check_sidecar, write_sidecar
+    from vla.training.export import write_safetensors
+
+    state, header = _export_inputs()
+    path = tmp_path / "policy.safetensors"
+    write_sidecar(write_safetensors(state, path, header))
+    here = str(Path(__file__).parent)
+    writers = [
+        subprocess.Popen([sys.executable, "-c", _REWRITE_EXPORT, str(path), "60", here]) for _ in range(2)
+    ]
+    checks, deadline = 0, time.monotonic() + 120
+    try:
+        while any(w.poll() is None for w in writers) and time.monotonic() < deadline:
+            assert check_sidecar(path) is True, f"check {checks}: {path} disagrees with its .sha256"
+            checks += 1
+    finally:
+        for w in writers:
+            if w.poll() is None:
+                w.kill()
+            w.wait(timeout=30)
+    assert [w.returncode for w in writers] == [0, 0] and checks > 10
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
