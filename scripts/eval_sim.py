@@ -61,7 +61,11 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-episode-steps", type=int, default=200)
     parser.add_argument(
-        "--replan-every", type=int, default=5, help="actions played from each predicted chunk"
+        "--replan-every",
+        type=int,
+        default=None,
+        help="actions played from each predicted chunk (default: the run's trainer.closed_loop.replan_every, "
+        "which its LeRobot export's n_action_steps also carries; 5 for --policy)",
     )
     parser.add_argument(
         "--parallel-envs", type=int, default=10, help="episodes run in lockstep per policy call"
@@ -116,9 +120,11 @@ def run_settings(run_dir: Path, unknown_training_seeds: bool) -> tuple[dict, dic
 def main() -> int:
     args = parse_args()
     try:
-        recorded, exclude = {}, {}
+        recorded, exclude, replan_every = {}, {}, 5
         if args.run_dir is not None:
-            from vla.eval.policy_runner import EXPORT_FILE, load_run_policy
+            from vla.eval.policy_runner import EXPORT_FILE, load_run_policy, run_replan_every
+
+            replan_every = run_replan_every(args.run_dir)
 
             recorded, exclude = run_settings(args.run_dir, args.unknown_training_seeds)
             export, name = None, args.run_dir.name
@@ -149,7 +155,7 @@ def main() -> int:
             cameras=tuple(cameras),
             resolution=args.resolution or recorded.get("resolution", 64),
             max_episode_steps=args.max_episode_steps,
-            replan_every=args.replan_every,
+            replan_every=replan_every if args.replan_every is None else args.replan_every,
             parallel_envs=args.parallel_envs,
         )
         start = time.perf_counter()

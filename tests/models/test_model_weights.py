@@ -373,6 +373,14 @@ def test_lerobot_config_json_for_the_full_size_pi0() -> None:
     assert config["empty_cameras"] == 2  # the two wrist cameras no dataset key maps to
     assert config["normalization_mapping"] == {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MIN_MAX"}
     assert (config["chunk_size"], config["image_resolution"]) == (50, [224, 224])
+    assert config["n_action_steps"] == 50  # no replan interval given: the whole chunk is played
+    common = dict(
+        features=features, camera_map={"observation.images.cam_high": "base_0_rgb"}, state_key="observation.state",
+        action_key="action", norm_modes={"action": "MIN_MAX"}, tokenizer_max_length=48)  # fmt: skip
+    assert lerobot_pi0_config(PRESETS["pi0"], **common, n_action_steps=5)["n_action_steps"] == 5
+    assert lerobot_pi0_config(PRESETS["pi0"], **common, n_action_steps=80)["n_action_steps"] == 50  # capped
+    with pytest.raises(ValueError, match="n_action_steps must be an int >= 1"):
+        lerobot_pi0_config(PRESETS["pi0"], **common, n_action_steps=0)
     assert config["time_sampling_scale"] == pytest.approx(0.999) and config["time_sampling_offset"] == 0.001
     assert lerobot_unsupported(PRESETS["pi0"]) is None
     assert "vlm is not gemma_2b" in lerobot_unsupported(PRESETS["pi0_small"])

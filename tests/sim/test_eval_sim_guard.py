@@ -83,3 +83,18 @@ def test_the_dataset_is_found_where_the_run_was_launched_and_settings_come_from_
     with pytest.raises(ValueError, match="--unknown-training-seeds"):
         eval_sim.run_settings(run, unknown_training_seeds=False)
     assert eval_sim.run_settings(run, unknown_training_seeds=True) == (METAWORLD, {})
+
+
+def test_the_replan_interval_defaults_to_the_run_s(tmp_path) -> None:
+    """eval_sim.py and the LeRobot export play as many actions per chunk as the run's own evaluation."""
+    from vla.eval.policy_runner import run_replan_every
+
+    run = _run_dir(tmp_path, {"source": "metaworld", "root": "data/mw", "metaworld": METAWORLD})
+    assert run_replan_every(run) == 5  # a config without trainer.closed_loop: the default
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(
+        yaml.safe_dump({**config, "trainer": {"closed_loop": {"replan_every": 3}}})
+    )
+    assert run_replan_every(run) == 3
+    usage = " ".join(_eval(run, "--help", cwd=tmp_path).stdout.split())
+    assert "(default: the run's trainer.closed_loop.replan_every" in usage

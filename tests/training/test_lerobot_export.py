@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,33 @@ def test_script_exports_a_checkpoint_like_the_run(tiny_run, tmp_path) -> None:
     )  # fmt: skip
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "no processor.json" in missing.stderr
+
+
+def test_a_checkpoint_export_is_the_run_s_export_byte_for_byte_and_plays_its_replan_interval(
+    tiny_run, tmp_path, monkeypatch
+) -> None:
+    """Exports are a function of the weights (the run's last checkpoint gives the run's own file, sha256
+    and all), and LeRobot's n_action_steps is the run's trainer.closed_loop.replan_every."""
+    from vla.eval.policy_runner import run_replan_every
+    from vla.training import export
+
+    asked: list[int | None] = []
+    monkeypatch.setattr(
+        export, "lerobot_config_for", lambda *a, **k: asked.append(a[3])
+    )  # pi0_tiny: no config
+    out = export.export_checkpoint(tiny_run, "step_00000003", out=tmp_path / "out")
+    assert (out / "policy.safetensors").read_bytes() == (tiny_run / "policy.safetensors").read_bytes()
+    assert (out / "policy.safetensors.sha256").read_text() == (
+        tiny_run / "policy.safetensors.sha256"
+    ).read_text()
+    assert asked == [5] and run_replan_every(tiny_run) == 5
+    copy = tmp_path / "run"
+    shutil.copytree(tiny_run, copy)
+    config = (copy / "config.yaml").read_text()
+    assert config.count("replan_every: 5") == 1
+    (copy / "config.yaml").write_text(config.replace("replan_every: 5", "replan_every: 3"))
+    export.export_checkpoint(copy, "step_00000003", out=tmp_path / "out3")
+    assert asked == [5, 3] and run_replan_every(copy) == 3
 
 
 def test_saved_tokenizer_loads_under_transformers_4(tiny_run) -> None:

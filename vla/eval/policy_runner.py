@@ -170,15 +170,29 @@ def load_run_policy(
     )
 
 
-def run_data_config(run_dir: Path | str) -> dict[str, Any]:
-    """The `data` section of a run's saved config.yaml; FileNotFoundError naming the file if absent."""
+def _run_config(run_dir: Path | str) -> dict[str, Any]:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: {run_dir} is not a training run directory")
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False).get("data") or {}
+    config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return config if isinstance(config, dict) else {}
+
+
+def run_data_config(run_dir: Path | str) -> dict[str, Any]:
+    """The `data` section of a run's saved config.yaml; FileNotFoundError naming the file if absent."""
+    data = _run_config(run_dir).get("data") or {}
     return data if isinstance(data, dict) else {}
+
+
+def run_replan_every(run_dir: Path | str) -> int:
+    """The actions a run's closed-loop evaluation played from each chunk before replanning
+    (trainer.closed_loop.replan_every of its config.yaml; 5, the default, where it has none)."""
+    trainer = _run_config(run_dir).get("trainer") or {}
+    closed_loop = trainer.get("closed_loop") if isinstance(trainer, dict) else None
+    value = closed_loop.get("replan_every") if isinstance(closed_loop, dict) else None
+    return int(value) if isinstance(value, int) and value >= 1 else 5
 
 
 def _hydra_cwd(run_dir: Path) -> Path | None:

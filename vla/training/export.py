@@ -126,16 +126,24 @@ def lerobot_pi0_config(
     action_key: str,
     norm_modes: dict[str, str],
     tokenizer_max_length: int,
+    n_action_steps: int | None = None,
 ) -> dict[str, Any]:
     """LeRobot's PI0Config (the `config.json` of PI0Policy.from_pretrained) for a policy of this config.
 
     Only fields LeRobot's PI0Config has (0.4.x and later) are written; the rest keep LeRobot's defaults.
     Cameras appear in the policy's camera order; model cameras no dataset key maps to become
-    `empty_cameras`. Raises ValueError when LeRobot cannot build the architecture (see lerobot_unsupported).
+    `empty_cameras`. n_action_steps: actions LeRobot plays from each chunk before it samples the next
+    (a run passes its closed-loop replan_every, so the deployed policy acts as the evaluated one did;
+    capped at the chunk; None: the whole chunk). Raises ValueError when LeRobot cannot build the
+    architecture (see lerobot_unsupported) or n_action_steps is below 1.
     """
     reason = lerobot_unsupported(config)
     if reason:
         raise ValueError(f"LeRobot's PI0Config cannot describe this policy: {reason}")
+    if n_action_steps is not None and (isinstance(n_action_steps, bool) or n_action_steps < 1):
+        raise ValueError(
+            f"n_action_steps must be an int >= 1 (actions played per chunk), got {n_action_steps!r}"
+        )
     by_camera = {camera: key for key, camera in camera_map.items()}
     inputs, outputs = lerobot_features(
         config, features=features, camera_map=camera_map, state_key=state_key, action_key=action_key
@@ -154,7 +162,7 @@ def lerobot_pi0_config(
         "action_expert_variant": _variant(config.expert),
         "dtype": "float32",
         "chunk_size": config.action_horizon,
-        "n_action_steps": config.action_horizon,
+        "n_action_steps": min(n_action_steps or config.action_horizon, config.action_horizon),
         "max_state_dim": config.max_state_dim,
         "max_action_dim": config.max_action_dim,
         "num_inference_steps": config.num_inference_steps,
@@ -426,6 +434,8 @@ def export_checkpoint(
     LeRobot can build the size). checkpoint: a name under run_dir/checkpoints/ or a path; its bytes are
     verified before use. lerobot_only: refuse a policy LeRobot has no class for. Returns the directory.
     One process."""
+    from vla.eval.policy_runner import run_replan_every
+
     run_dir = Path(run_dir)
     processor, features, stats = _run_processor_and_features(run_dir)
     checkpoint = Path(checkpoint)
@@ -437,7 +447,8 @@ def export_checkpoint(
         _require_pi0(run_dir, config)
     target = Path(out) if out is not None else run_dir / "exports" / checkpoint.name
     target.mkdir(parents=True, exist_ok=True)
-    write_export(state, config, target, lerobot_config_for(config, processor.config, features))
+    lerobot_config = lerobot_config_for(config, processor.config, features, run_replan_every(run_dir))
+    write_export(state, config, target, lerobot_config)
     if isinstance(config, Pi0Config):
         write_lerobot_processor_for(target / LEROBOT_DIR, config, processor, features, stats)
     return target
@@ -453,7 +464,7 @@ def export_for_lerobot(
     `run_dir/exports/<checkpoint name>`) gets policy.safetensors and pretrained_model/ from its weights
     (`export_checkpoint`). Returns the pretrained_model directory. One process.
     """
-    from vla.eval.policy_runner import read_export_config
+    from vla.eval.policy_runner import read_export_config, run_replan_every
 
     run_dir = Path(run_dir)
     if checkpoint is not None:
@@ -463,7 +474,7 @@ def export_for_lerobot(
     _require_pi0(run_dir, config)
     directory = (Path(out) if out is not None else run_dir) / LEROBOT_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    lerobot_config = lerobot_config_for(config, processor.config, features)
+    lerobot_config = lerobot_config_for(config, processor.config, features, run_replan_every(run_dir))
     if lerobot_config is not None:
         _write_lerobot_model(directory, run_dir / EXPORT_FILE, lerobot_config)
     write_lerobot_processor_for(directory, config, processor, features, stats)
@@ -471,10 +482,13 @@ def export_for_lerobot(
 
 
 def lerobot_config_for(
-    config: PolicyConfig, processor_config: Any, features: dict[str, dict[str, Any]]
+    config: PolicyConfig,
+    processor_config: Any,
+    features: dict[str, dict[str, Any]],
+    n_action_steps: int | None = None,
 ) -> dict[str, Any] | None:
     """LeRobot's config.json for a policy trained through `processor_config` (vla.data.ProcessorConfig)
-    on a dataset with `features`, or None if LeRobot cannot build it."""
+    on a dataset with `features`, or None if LeRobot cannot build it. n_action_steps: see lerobot_pi0_config."""
     if lerobot_unsupported(config) is not None:
         return None
     return lerobot_pi0_config(
@@ -485,12 +499,14 @@ def lerobot_config_for(
         action_key=processor_config.action_key,
         norm_modes=dict(processor_config.norm_modes),
         tokenizer_max_length=processor_config.max_prompt_length,
+        n_action_steps=n_action_steps,
     )
 
 
-def run_lerobot_config(config: PolicyConfig, data: Any) -> dict[str, Any] | None:
-    """LeRobot's config.json for a run (its policy config and DataPipeline), or None if LeRobot cannot build it."""
-    return lerobot_config_for(config, data.processor.config, data.meta.features)
+def run_lerobot_config(config: PolicyConfig, data: Any, replan_every: int) -> dict[str, Any] | None:
+    """LeRobot's config.json for a run (its policy config, DataPipeline and closed-loop replan_every), or
+    None if LeRobot cannot build it."""
+    return lerobot_config_for(config, data.processor.config, data.meta.features, replan_every)
 
 
 __all__ = [

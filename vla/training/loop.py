@@ -645,7 +645,7 @@ class Trainer:
                     self.model,
                     self.output_dir,
                     rank=self.rank,
-                    lerobot_config=run_lerobot_config(policy_config, self.data),
+                    lerobot_config=run_lerobot_config(policy_config, self.data, cfg.closed_loop.replan_every),
                 )
             if policy_config.kind == "pi0":
                 self._write_lerobot_processor(policy_config)
