@@ -304,17 +304,20 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from test_checkpoint_faults import _export_inputs
 from vla.checksums import write_sidecar
-from vla.training.export import write_safetensors
+from vla.training.export import _write_lerobot_model, write_safetensors
 state, header = _export_inputs()
 for _ in range(int(sys.argv[2])):
-    write_sidecar(write_safetensors(state, Path(sys.argv[1]), header))
+    path = write_safetensors(state, Path(sys.argv[1]), header)
+    write_sidecar(path)
+    _write_lerobot_model(path.parent / "pretrained_model", path, {"type": "pi0"})
 """
 
 
 def test_an_export_rewritten_by_other_processes_always_verifies(tmp_path: Path) -> None:
     """Two evaluations of one checkpoint both export it to the same directory while a third reads it:
     the file and its .sha256 must agree whenever they are read (they did not when the bytes depended
-    on the write, and both writers shared one temporary sidecar name)."""
+    on the write, and both writers shared one temporary sidecar name), and LeRobot's link to the file
+    is replaced in one rename (an unlink then a link could collide)."""
     import subprocess
     import sys
     import time
@@ -340,4 +343,7 @@ def test_an_export_rewritten_by_other_processes_always_verifies(tmp_path: Path) 
                 w.kill()
             w.wait(timeout=30)
     assert [w.returncode for w in writers] == [0, 0] and checks > 10
-    assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
+    lerobot = tmp_path / "pretrained_model"
+    assert (lerobot / "model.safetensors").read_bytes() == path.read_bytes()
+    assert json.loads((lerobot / "config.json").read_text()) == {"type": "pi0"}
+    assert not list(tmp_path.rglob(".*tmp*"))  # no temporary file left behind

@@ -183,11 +183,15 @@ def lerobot_pi0_config(
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
-    target.unlink(missing_ok=True)
+    """`target` becomes a hard link to `source` (a copy where links fail), replaced in one rename so that
+    two exports of one checkpoint at once cannot collide between an unlink and a link."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
     try:
-        os.link(source, target)
+        os.link(source, tmp)
     except OSError:  # a filesystem without hard links
-        shutil.copyfile(source, target)
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
 
 
 def _write_lerobot_model(directory: Path, weights: Path, lerobot_config: dict[str, Any]) -> None:
