@@ -192,6 +192,9 @@ def _link_or_copy(source: Path, target: Path) -> None:
     except OSError:  # a filesystem without hard links
         shutil.copyfile(source, tmp)
     os.replace(tmp, target)
+    # rename() of two links to one file does nothing (POSIX) and leaves tmp: when another export has
+    # already linked target to this very file, tmp is dropped here instead.
+    tmp.unlink(missing_ok=True)
 
 
 def _write_lerobot_model(directory: Path, weights: Path, lerobot_config: dict[str, Any]) -> None:
