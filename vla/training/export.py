@@ -183,18 +183,17 @@ def lerobot_pi0_config(
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
-    """`target` becomes a hard link to `source` (a copy where links fail), replaced in one rename so that
-    two exports of one checkpoint at once cannot collide between an unlink and a link."""
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:  # a filesystem without hard links
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
-    # rename() of two links to one file does nothing (POSIX) and leaves tmp: when another export has
-    # already linked target to this very file, tmp is dropped here instead.
-    tmp.unlink(missing_ok=True)
+    """`target` becomes a hard link to `source` (a copy where links fail), put in place by
+    write_file_atomically's rename, so two exports of one checkpoint at once cannot collide."""
+
+    def link(tmp: Path) -> None:
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError:  # a filesystem without hard links
+            shutil.copyfile(source, tmp)
+
+    write_file_atomically(target, link)
 
 
 def _write_lerobot_model(directory: Path, weights: Path, lerobot_config: dict[str, Any]) -> None:
