@@ -59,7 +59,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--resolution", type=int, default=None, help="image size (default: the run's dataset's)"
     )
-    parser.add_argument("--max-episode-steps", type=int, default=200)
+    parser.add_argument(
+        "--max-episode-steps",
+        type=int,
+        default=None,
+        help="steps before an episode counts as failed (default: the run's trainer.closed_loop.max_episode_steps; "
+        "200 for --policy)",
+    )
     parser.add_argument(
         "--replan-every",
         type=int,
@@ -120,11 +126,19 @@ def run_settings(run_dir: Path, unknown_training_seeds: bool) -> tuple[dict, dic
 def main() -> int:
     args = parse_args()
     try:
-        recorded, exclude, replan_every = {}, {}, 5
+        recorded, exclude, replan_every, max_episode_steps = {}, {}, 5, 200
         if args.run_dir is not None:
-            from vla.eval.policy_runner import EXPORT_FILE, load_run_policy, run_replan_every
+            from vla.eval.policy_runner import (
+                EXPORT_FILE,
+                load_run_policy,
+                run_max_episode_steps,
+                run_replan_every,
+            )
 
-            replan_every = run_replan_every(args.run_dir)
+            replan_every, max_episode_steps = (
+                run_replan_every(args.run_dir),
+                run_max_episode_steps(args.run_dir),
+            )
 
             recorded, exclude = run_settings(args.run_dir, args.unknown_training_seeds)
             export, name = None, args.run_dir.name
@@ -154,7 +168,7 @@ def main() -> int:
         settings = ClosedLoopSettings(
             cameras=tuple(cameras),
             resolution=args.resolution or recorded.get("resolution", 64),
-            max_episode_steps=args.max_episode_steps,
+            max_episode_steps=max_episode_steps if args.max_episode_steps is None else args.max_episode_steps,
             replan_every=replan_every if args.replan_every is None else args.replan_every,
             parallel_envs=args.parallel_envs,
         )

@@ -85,16 +85,23 @@ def test_the_dataset_is_found_where_the_run_was_launched_and_settings_come_from_
     assert eval_sim.run_settings(run, unknown_training_seeds=True) == (METAWORLD, {})
 
 
-def test_the_replan_interval_defaults_to_the_run_s(tmp_path) -> None:
-    """eval_sim.py and the LeRobot export play as many actions per chunk as the run's own evaluation."""
-    from vla.eval.policy_runner import run_replan_every
+def test_the_replan_interval_and_step_limit_default_to_the_run_s(tmp_path) -> None:
+    """eval_sim.py (and, for the interval, the LeRobot export) plays episodes as the run's own evaluation did."""
+    from vla.eval.policy_runner import run_max_episode_steps, run_replan_every
 
     run = _run_dir(tmp_path, {"source": "metaworld", "root": "data/mw", "metaworld": METAWORLD})
-    assert run_replan_every(run) == 5  # a config without trainer.closed_loop: the default
+    # a config without trainer.closed_loop: the trainer's defaults
+    assert (run_replan_every(run), run_max_episode_steps(run)) == (5, 200)
     config = yaml.safe_load((run / "config.yaml").read_text())
     (run / "config.yaml").write_text(
-        yaml.safe_dump({**config, "trainer": {"closed_loop": {"replan_every": 3}}})
+        yaml.safe_dump({**config, "trainer": {"closed_loop": {"replan_every": 3, "max_episode_steps": 150}}})
     )
-    assert run_replan_every(run) == 3
+    assert (run_replan_every(run), run_max_episode_steps(run)) == (3, 150)
+    for broken in (0, True, "150"):  # never a value a run could not have used
+        (run / "config.yaml").write_text(
+            yaml.safe_dump({**config, "trainer": {"closed_loop": {"max_episode_steps": broken}}})
+        )
+        assert run_max_episode_steps(run) == 200
     usage = " ".join(_eval(run, "--help", cwd=tmp_path).stdout.split())
     assert "(default: the run's trainer.closed_loop.replan_every" in usage
+    assert "(default: the run's trainer.closed_loop.max_episode_steps; 200 for --policy)" in usage

@@ -126,7 +126,8 @@ def test_eval_sim_evaluates_a_checkpoint_as_the_run_evaluated_it(tmp_path, sim_d
         [*TINY_SIM, f"data.root={sim_dataset}", f"output_dir={out}", "trainer.steps=4", "trainer.checkpoint_every=2",
          "trainer.keep_last=2"]
     )  # fmt: skip
-    settings = ["--episodes", "2", "--seed", "1000", "--max-episode-steps", "10", "--parallel-envs", "2"]
+    # the step limit (10) and the replan interval are the run's own, not given
+    settings = ["--episodes", "2", "--seed", "1000", "--parallel-envs", "2"]
 
     def evaluate(checkpoint: str) -> subprocess.CompletedProcess:
         return subprocess.run(

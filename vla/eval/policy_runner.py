@@ -186,13 +186,24 @@ def run_data_config(run_dir: Path | str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def run_closed_loop_setting(run_dir: Path | str, key: str, default: int) -> int:
+    """A positive int setting of a run's own closed-loop evaluation (trainer.closed_loop.<key> of its
+    config.yaml); `default`, the trainer's, where the config has none."""
+    trainer = _run_config(run_dir).get("trainer") or {}
+    closed_loop = trainer.get("closed_loop") if isinstance(trainer, dict) else None
+    value = closed_loop.get(key) if isinstance(closed_loop, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else default
+
+
 def run_replan_every(run_dir: Path | str) -> int:
     """The actions a run's closed-loop evaluation played from each chunk before replanning
     (trainer.closed_loop.replan_every of its config.yaml; 5, the default, where it has none)."""
-    trainer = _run_config(run_dir).get("trainer") or {}
-    closed_loop = trainer.get("closed_loop") if isinstance(trainer, dict) else None
-    value = closed_loop.get("replan_every") if isinstance(closed_loop, dict) else None
-    return int(value) if isinstance(value, int) and value >= 1 else 5
+    return run_closed_loop_setting(run_dir, "replan_every", 5)
+
+
+def run_max_episode_steps(run_dir: Path | str) -> int:
+    """The step limit of a run's closed-loop episodes (trainer.closed_loop.max_episode_steps; 200)."""
+    return run_closed_loop_setting(run_dir, "max_episode_steps", 200)
 
 
 def _hydra_cwd(run_dir: Path) -> Path | None:
