@@ -40,6 +40,11 @@ CASES = [
     ("batch_not_divisible", ["trainer.batch_size=6", "trainer.grad_accum=4"], "trainer.batch_size=6"),
     ("missing_weights", ["model.weights=/nonexistent/pi0.safetensors"], "model.weights='/nonexistent/pi0"),
     ("garbage_weights", ["model.weights=GARBAGE"], "cannot be read"),
+    (
+        "fine_tune_without_weights",  # else it would train from scratch on the fine-tune's settings
+        ["experiment=metaworld_finetune"],
+        "e.g. model.weights=RUN/policy.safetensors (the export of an experiment=metaworld_long run)",
+    ),
     ("output_dir_is_a_file", ["output_dir=AFILE"], "is a file, not a directory"),
     ("resume_missing_checkpoint", ["trainer.resume=step_00000099"], "step_00000099"),
     ("empty_camera_map", ["data.camera_map={}"], "data.camera_map"),

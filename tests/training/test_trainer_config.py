@@ -58,7 +58,9 @@ def test_every_group_combination_composes_and_validates() -> None:
 
 @pytest.mark.parametrize("experiment", _options("experiment"))
 def test_experiments_and_debug_configs_compose(experiment: str) -> None:
-    cfg = compose([f"experiment={experiment}", "data.root=/datasets/x"])
+    cfg = compose(
+        [f"experiment={experiment}", "data.root=/datasets/x", "model.weights=/weights/x.safetensors"]
+    )
     validate(cfg, world_size=1 if cfg.parallel.mode in ("none", "auto") else 2)
     assert compose(["debug=fast"]).model.preset == "pi0_tiny"
 
@@ -84,6 +86,36 @@ def test_metaworld_long_is_the_measured_run() -> None:
         0.1,
         False,
     )
+
+
+def test_metaworld_finetune_is_the_measured_fine_tune_and_needs_its_weights() -> None:
+    # experiment=metaworld_finetune reproduces docs/ablations/after10_finetune (the step-16000 export of
+    # metaworld_long fine-tuned on demonstrations that go 10 steps past success) setting for setting.
+    from omegaconf import OmegaConf
+
+    from vla.training.resume import compare_config, flatten
+
+    saved = flatten(
+        OmegaConf.to_container(
+            OmegaConf.load(ROOT / "docs/ablations/after10_finetune/config.yaml"), resolve=True
+        )
+    )
+    measured = [f"model.weights={saved['model.weights']}", f"data.root={saved['data.root']}"]
+    cfg = compose(["experiment=metaworld_finetune", *measured])
+    problems, _ = compare_config(saved, cfg)
+    assert problems == []
+    assert (cfg.trainer.steps, cfg.trainer.lengthen_schedule_at, cfg.data.metaworld.steps_after_success) == (
+        2000,
+        [],
+        10,
+    )
+    assert cfg.data.root != compose(["experiment=metaworld_long"]).data.root  # never the first stage's data
+
+    # Without weights it would train a policy from scratch for 2000 steps: it stops, naming the key.
+    with pytest.raises(ValueError, match=r"missing required config values: \['model.weights'\]") as missing:
+        compose(["experiment=metaworld_finetune"])
+    assert "model.weights=RUN/policy.safetensors" in str(missing.value)
+    assert "experiment=metaworld_long" in str(missing.value)
 
 
 def test_metaworld_maps_each_recorded_camera_onto_the_model_camera_of_its_name() -> None:

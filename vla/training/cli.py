@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from vla.training.config import TrainConfig, to_train_config
+from vla.training.config import REQUIRED_RESOLVER, TrainConfig, required_value, to_train_config
 
 
 def dict_field_paths(schema: type, prefix: str = "") -> list[str]:
@@ -348,8 +348,10 @@ def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (idempotent); its dict-valued fields take new keys
     (see vla.training.cli)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name="train_schema", node=schema_node(TrainConfig))
+    OmegaConf.register_new_resolver(REQUIRED_RESOLVER, required_value, replace=True)
 
 
 def compose(overrides: list[str] | None = None, config_dir: str | None = None) -> TrainConfig:

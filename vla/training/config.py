@@ -577,16 +577,47 @@ def _reject_unknown_keys(node: Any, schema: type, prefix: str) -> None:
             _reject_unknown_keys(node[key], type(default), f"{prefix}{key}.")
 
 
+# `key: ${required:"key=<example>"}` in a config marks a value the command line must give. YAML's `???`
+# cannot: OmegaConf's merge keeps the value beneath it (the schema's default, e.g. model.weights' None).
+REQUIRED_RESOLVER = "required"
+
+
+def required_value(example: str) -> Any:
+    """The `${required:...}` resolver: reached only if a value marked required is read before
+    to_train_config names it (its message then still says what to set)."""
+    raise ValueError(f"a required config value is not set: give {example}")
+
+
+def unset_required_values(cfg: Any) -> dict[str, str]:
+    """{full key: example override} for every value still marked `${required:example}` in `cfg`."""
+    from omegaconf import OmegaConf
+
+    prefix = "${" + REQUIRED_RESOLVER + ":"
+    found: dict[str, str] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}{key}.")
+        elif isinstance(node, str) and node.startswith(prefix) and node.endswith("}"):
+            found[path.rstrip(".")] = node[len(prefix) : -1].strip().strip("'\"")
+
+    walk(OmegaConf.to_container(cfg, resolve=False), "")
+    return found
+
+
 def to_train_config(cfg: Any) -> TrainConfig:
     """The composed DictConfig as a TrainConfig: runs every group's `__post_init__` checks."""
     from omegaconf import OmegaConf
 
     _reject_unknown_keys(cfg, TrainConfig, "")
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
+    required = unset_required_values(cfg)
+    missing = sorted(OmegaConf.missing_keys(cfg)) if not required else []
+    if required or missing:
         # to_object would silently fall back to the dataclass defaults for these.
         raise ValueError(
-            f"missing required config values: {missing}; set them on the command line, e.g. "
-            + " ".join(f"{key}=..." for key in missing)
+            f"missing required config values: {sorted(required) + missing}; set them on the command line, "
+            "e.g. "
+            + " ".join([*(required[key] for key in sorted(required)), *(f"{key}=..." for key in missing)])
         )
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
