@@ -589,7 +589,8 @@ def required_value(example: str) -> Any:
 
 
 def unset_required_values(cfg: Any) -> dict[str, str]:
-    """{full key: example override} for every value still marked `${required:example}` in `cfg`."""
+    """{full key: example override} for every value still marked `${required:example}` in `cfg` (values
+    of mappings; the marker is not looked for inside lists)."""
     from omegaconf import OmegaConf
 
     prefix = "${" + REQUIRED_RESOLVER + ":"
@@ -612,6 +613,7 @@ def to_train_config(cfg: Any) -> TrainConfig:
 
     _reject_unknown_keys(cfg, TrainConfig, "")
     required = unset_required_values(cfg)
+    # missing_keys reads every value, which would run the resolver of a required one: named above instead.
     missing = sorted(OmegaConf.missing_keys(cfg)) if not required else []
     if required or missing:
         # to_object would silently fall back to the dataclass defaults for these.
