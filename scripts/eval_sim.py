@@ -126,7 +126,12 @@ def run_settings(run_dir: Path, unknown_training_seeds: bool) -> tuple[dict, dic
 def main() -> int:
     args = parse_args()
     try:
-        recorded, exclude, replan_every, max_episode_steps = {}, {}, 5, 200
+        recorded, exclude = {}, {}
+        # --policy plays the harness's own defaults; a run, its own settings (read below)
+        replan_every, max_episode_steps = (
+            ClosedLoopSettings.replan_every,
+            ClosedLoopSettings.max_episode_steps,
+        )
         if args.run_dir is not None:
             from vla.eval.policy_runner import (
                 EXPORT_FILE,
