@@ -143,6 +143,24 @@ def test_round_trip_in_both_prefixes_and_older_spellings(tmp_path) -> None:
     torch.testing.assert_close(fresh.sample_actions(batch, noise=noise), expected)
 
 
+def test_saved_weights_are_the_same_bytes_however_often_they_are_written(tmp_path) -> None:
+    """safetensors writes its metadata map in a random order per write (safetensors#584): a user's
+    metadata of several entries gave a different file, and sha256, on every save of the same weights."""
+    from safetensors import safe_open
+
+    policy = build_policy("pi0_tiny")
+    metadata = {f"entry_{i}": "x" * i for i in range(1, 9)} | {"note": 'a "quoted" café ✓'}
+    files = [save_pi0_weights(policy, tmp_path / f"w{i}.safetensors", metadata=metadata) for i in range(6)]
+    assert len({f.read_bytes() for f in files}) == 1
+    with safe_open(str(files[0]), framework="pt") as f:
+        assert f.metadata() == {"format": "pt", **metadata}
+    raw = files[0].read_bytes()
+    assert list(json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])["__metadata__"]) == sorted(
+        ["format", *metadata]
+    )
+    assert not list(tmp_path.glob(".*tmp*")), "the atomic write left a temporary file"
+
+
 def test_mismatches_are_listed_in_one_error(tmp_path) -> None:
     source = build_policy("pi0_tiny")
     tensors = load_file(str(save_pi0_weights(source, tmp_path / "ok.safetensors")))

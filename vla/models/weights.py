@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from vla.atomic import write_file_atomically
 from vla.models.config import Pi0Config
 from vla.models.openvla import OpenVLAPolicy
 from vla.models.pi0 import Pi0Policy
@@ -378,6 +380,44 @@ def _output_file(path: str | Path) -> Path:
     return path / "model.safetensors"
 
 
+def save_safetensors_reproducibly(
+    tensors: Mapping[str, Tensor], file: Path, metadata: Mapping[str, str]
+) -> Path:
+    """`safetensors.torch.save_file`, written atomically and with its header sorted, so that the same
+    tensors and metadata always give the same bytes (and sha256)."""
+
+    def write(tmp: Path) -> None:
+        save_file(dict(tensors), str(tmp), metadata=dict(metadata))
+        sort_header_metadata(tmp)
+
+    return write_file_atomically(file, write)
+
+
+def sort_header_metadata(path: Path) -> None:
+    """Rewrite a safetensors file's header in place with its `__metadata__` entries sorted by key.
+
+    safetensors (0.8 and before) writes the metadata map in a random order per write (its issue #584),
+    so two exports of the same weights differ in bytes and in sha256; a process verifying an export
+    while another rewrites it (two evaluations of one checkpoint) then sees a digest of the other
+    order. Sorted, the bytes are a function of the content. The entries and their compact JSON
+    (json.dumps escapes as serde_json does, ensure_ascii=False) are unchanged, so the header keeps
+    its length and every tensor its offset.
+    """
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        if not header.get("__metadata__"):
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        canonical = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(canonical) > length:  # not seen: the same entries serialise to the same length
+            raise ValueError(
+                f"{path}: the sorted safetensors header ({len(canonical)} bytes) outgrew {length}"
+            )
+        f.seek(8)
+        f.write(canonical.ljust(length, b" "))
+
+
 def _external_state(policy: nn.Module, key_map: KeyMap, prefix: str = "") -> dict[str, Tensor]:
     out = {}
     for name, tensor in policy.state_dict().items():
@@ -449,9 +489,7 @@ def save_pi0_weights(
     tensors = pi0_lerobot_tensors(
         policy.state_dict(), policy.config, lerobot_prefix=lerobot_prefix, write_unused_keys=write_unused_keys
     )
-    file = _output_file(path)
-    save_file(tensors, str(file), metadata={"format": "pt", **(metadata or {})})
-    return file
+    return save_safetensors_reproducibly(tensors, _output_file(path), {"format": "pt", **(metadata or {})})
 
 
 def save_paligemma_weights(policy: Pi0Policy | OpenVLAPolicy, path: str | Path) -> Path:
@@ -461,6 +499,6 @@ def save_paligemma_weights(policy: Pi0Policy | OpenVLAPolicy, path: str | Path) 
     """
     _require_policy(policy, (Pi0Policy, OpenVLAPolicy), "save_paligemma_weights")
     key_map = PALIGEMMA_KEYS_FOR_PI0 if isinstance(policy, Pi0Policy) else PALIGEMMA_KEYS_FOR_OPENVLA
-    file = _output_file(path)
-    save_file(_external_state(policy, key_map), str(file), metadata={"format": "pt"})
-    return file
+    return save_safetensors_reproducibly(
+        _external_state(policy, key_map), _output_file(path), {"format": "pt"}
+    )

@@ -19,13 +19,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -39,7 +37,7 @@ from vla.models.config import (
     Pi0Config,
     PolicyConfig,
 )
-from vla.models.weights import pi0_lerobot_tensors
+from vla.models.weights import pi0_lerobot_tensors, save_safetensors_reproducibly
 from vla.training.checkpoint.errors import check_finite_tensors
 
 EXPORT_FILE = "policy.safetensors"
@@ -241,38 +239,7 @@ def write_safetensors(state: Mapping[str, Tensor], path: Path, header: dict[str,
     if tied:
         header = {**header, "tied": json.dumps(tied, sort_keys=True)}
     path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp), metadata=header)
-        sort_header_metadata(tmp)
-
-    write_file_atomically(path, write)
-    return path
-
-
-def sort_header_metadata(path: Path) -> None:
-    """Rewrite a safetensors file's header in place with its `__metadata__` entries sorted by key.
-
-    safetensors (0.8 and before) writes the metadata map in a random order per write (its issue #584),
-    so two exports of the same weights differ in bytes and in sha256; a process verifying an export
-    while another rewrites it (two evaluations of one checkpoint) then sees a digest of the other
-    order. Sorted, the bytes are a function of the content. The entries and their compact JSON
-    (json.dumps escapes as serde_json does, ensure_ascii=False) are unchanged, so the header keeps
-    its length and every tensor its offset.
-    """
-    with open(path, "r+b") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(length))
-        if not header.get("__metadata__"):
-            return
-        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
-        canonical = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-        if len(canonical) > length:  # not seen: the same entries serialise to the same length
-            raise ValueError(
-                f"{path}: the sorted safetensors header ({len(canonical)} bytes) outgrew {length}"
-            )
-        f.seek(8)
-        f.write(canonical.ljust(length, b" "))
+    return save_safetensors_reproducibly(tensors, path, header)
 
 
 def write_export(
