@@ -281,14 +281,18 @@ class _DiskFull:
 
     def __enter__(self) -> _DiskFull:
         import builtins
+        import io
 
         import safetensors.torch
 
-        # Imported before anything is patched: a first import inside the window would bind the patched
-        # save_file into vla.training.export for good (every later export in the process "full").
-        import vla.training.export as export_module
+        # Imported (and every original looked up) before anything is patched: a first import inside the
+        # window would bind the patched save_file into vla.models.weights for good, and a failed lookup
+        # after open is patched would leave every later write in the process "full".
+        import vla.models.weights as weights_module
 
         self._open, self._save = builtins.open, safetensors.torch.save_file
+        self._module_save = weights_module.save_file
+        self._io_open = io.open
         owner = self
 
         class Writer:
@@ -328,13 +332,9 @@ class _DiskFull:
                 owner._raise(filename)
             owner.written += size
 
-        import io
-
-        self._io_open = io.open
         builtins.open = io.open = opening  # io.open: what pathlib (and DCP's file system writer) call
         safetensors.torch.save_file = saving
-        self._module_save = export_module.save_file
-        export_module.save_file = saving
+        weights_module.save_file = saving  # where exports and save_pi0_weights call it
         return self
 
     def _raise(self, name: str) -> None:
@@ -349,11 +349,11 @@ class _DiskFull:
 
         import safetensors.torch
 
-        import vla.training.export as export_module
+        import vla.models.weights as weights_module
 
         builtins.open, safetensors.torch.save_file = self._open, self._save
         io.open = self._io_open
-        export_module.save_file = self._module_save
+        weights_module.save_file = self._module_save
 
 
 class _FullAtCall:

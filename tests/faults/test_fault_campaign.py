@@ -90,7 +90,7 @@ def test_a_full_disk_inside_dcp_reaches_the_user_as_no_space_left(tmp_path) -> N
 
     import safetensors.torch
 
-    import vla.training.export
+    import vla.models.weights
 
-    assert vla.training.export.save_file is safetensors.torch.save_file
+    assert vla.models.weights.save_file is safetensors.torch.save_file
     assert builtins.open is io.open and getattr(io.open, "__module__", "") != "fault_campaign"
