@@ -3,8 +3,10 @@
     python tests/faults/_fault_driver.py <fault> <marker file> [hydra overrides...]
 
 fault: "build" (data building hangs), "validation" (validation hangs), "step" (the third training
-step hangs in forward/backward) or "none". Just before hanging, the driver creates the marker file,
-so the test knows the process is at that moment. Exits with train.py's exit code.
+step hangs in forward/backward), "slow" (every training step takes at least SLOW_STEP_S seconds: a
+sleep before its forward/backward, so the numbers do not change; the marker is not used) or "none".
+Just before hanging, the driver creates the marker file, so the test knows the process is at that
+moment. Exits with train.py's exit code.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+SLOW_STEP_S = 0.6
 
 
 def _hang(marker: Path) -> None:
@@ -47,6 +50,14 @@ def main() -> None:
             return original_fb(self, batches)
 
         loop.Trainer._forward_backward = forward_backward
+    elif fault == "slow":
+        original_slow = loop.Trainer._forward_backward
+
+        def slow_forward_backward(self, batches):
+            time.sleep(SLOW_STEP_S)
+            return original_slow(self, batches)
+
+        loop.Trainer._forward_backward = slow_forward_backward
     sys.argv = [str(ROOT / "train.py"), *overrides]
     runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
 

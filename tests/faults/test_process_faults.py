@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _fault_driver import SLOW_STEP_S
 from _trainer_runs import ROOT, losses, metrics, run_in_process, tiny_overrides
 
 from vla.training.guards import EXIT_STOPPED
@@ -133,9 +134,14 @@ def test_kill_at_a_random_moment_and_resume_matches_an_uninterrupted_run(synthet
 
     run_in_process(tiny_overrides(synthetic_dataset, straight, *common))  # the reference, uninterrupted
 
-    kill_after = random.Random(10).randint(1, 5)  # logged steps before kill -9 (seeded)
+    # kill -9 after `kill_after` logged steps and a further `delay` s (seeded): wherever the run is then
+    # (a checkpoint, validation, a step). The driver makes every step last >= SLOW_STEP_S s, so the kill
+    # cannot come after the run's end: a tiny step takes ~0.01 s, and step 5 of 6 used to be the last
+    # record before the run ended and released its lock within the 0.1 s poll.
+    rng = random.Random(10)
+    kill_after, delay = rng.randint(1, 5), rng.uniform(0.0, SLOW_STEP_S / 2)
     process = subprocess.Popen(
-        [sys.executable, "train.py", *tiny_overrides(synthetic_dataset, split, *common)],
+        [sys.executable, str(DRIVER), "slow", str(tmp_path / "marker"), *tiny_overrides(synthetic_dataset, split, *common)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
     )  # fmt: skip
     try:
@@ -144,6 +150,8 @@ def test_kill_at_a_random_moment_and_resume_matches_an_uninterrupted_run(synthet
             process,
             f"{kill_after} steps",
         )
+        time.sleep(delay)
+        assert process.poll() is None, f"the run ended ({process.returncode}) before the kill"
         process.kill()
         process.wait(timeout=30)
     finally:
