@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SLOW_STEP_S = 0.6
+SLOW_STEP_S = 1.0
 
 
 def _hang(marker: Path) -> None:

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-from _fault_driver import SLOW_STEP_S
 from _trainer_runs import ROOT, losses, metrics, run_in_process, tiny_overrides
 
 from vla.training.guards import EXIT_STOPPED
@@ -135,11 +134,11 @@ def test_kill_at_a_random_moment_and_resume_matches_an_uninterrupted_run(synthet
     run_in_process(tiny_overrides(synthetic_dataset, straight, *common))  # the reference, uninterrupted
 
     # kill -9 after `kill_after` logged steps and a further `delay` s (seeded): wherever the run is then
-    # (a checkpoint, validation, a step). The driver makes every step last >= SLOW_STEP_S s, so the kill
+    # (a checkpoint, validation, a step). The driver makes every step last >= 1 s (SLOW_STEP_S), so the kill
     # cannot come after the run's end: a tiny step takes ~0.01 s, and step 5 of 6 used to be the last
     # record before the run ended and released its lock within the 0.1 s poll.
     rng = random.Random(10)
-    kill_after, delay = rng.randint(1, 5), rng.uniform(0.0, SLOW_STEP_S / 2)
+    kill_after, delay = rng.randint(1, 5), rng.uniform(0.0, 0.3)
     process = subprocess.Popen(
         [sys.executable, str(DRIVER), "slow", str(tmp_path / "marker"), *tiny_overrides(synthetic_dataset, split, *common)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
