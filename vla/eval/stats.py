@@ -102,3 +102,89 @@ def success_difference(
     if not (math.isfinite(low) and math.isfinite(high)):
         raise ValueError("the bootstrap produced a non-finite interval")
     return Difference(observed, (low, high), confidence, not (low <= 0.0 <= high), resamples)
+
+
+# task -> episode seed -> success in [0, 1] (one run's 0/1, or the mean over several runs' episodes).
+# The same seed of the same task is the same layout in every run, which is what makes pairing valid.
+EpisodeOutcomes = Mapping[str, Mapping[int, float]]
+
+
+def _z(confidence: float) -> float:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+@dataclass
+class MeanSuccess:
+    """A run's mean success over tasks with its normal interval (tasks independent binomials)."""
+
+    mean: float
+    ci: tuple[float, float]
+    confidence: float
+
+
+def mean_success_interval(run: RunOutcomes, confidence: float = 0.95) -> MeanSuccess:
+    """Mean over tasks of the success rate; its variance is the sum of the tasks' p (1 - p) / n over T^2."""
+    mean = run_mean_success(run)
+    variance = sum((s / n) * (1 - s / n) / n for s, n in run.values()) / len(run) ** 2
+    half = _z(confidence) * math.sqrt(variance)
+    return MeanSuccess(mean, (mean - half, mean + half), confidence)
+
+
+@dataclass
+class TaskPairing:
+    """b - a on one task's shared episodes; won / lost: episodes where b did better / worse."""
+
+    difference: float
+    ci: tuple[float, float]
+    episodes: int
+    won: int
+    lost: int
+
+
+@dataclass
+class PairedDifference:
+    """Mean success of b minus a over the same episodes, with a normal interval, and per task."""
+
+    difference: float
+    ci: tuple[float, float]
+    confidence: float
+    excludes_zero: bool
+    tasks: dict[str, TaskPairing]
+
+
+def paired_difference(a: EpisodeOutcomes, b: EpisodeOutcomes, confidence: float = 0.95) -> PairedDifference:
+    """b - a paired episode by episode (a layout both played), the mean over tasks as in `run_mean_success`.
+
+    Per task: the mean of the per-episode differences, its variance the sample variance over n (0 for a
+    single episode). Overall: the mean over tasks, its variance the tasks' variances summed over T^2.
+    Pairing removes the layouts' own difficulty from the comparison, so the interval is narrower than
+    the unpaired one of two independent samples. Both sides must hold the same tasks and, per task, the
+    same episode seeds.
+    """
+    z = _z(confidence)
+    if not a or sorted(a) != sorted(b):
+        raise ValueError(f"both sides must hold the same tasks: {sorted(a)} vs {sorted(b)}")
+    tasks: dict[str, TaskPairing] = {}
+    variances = []
+    for task in a:
+        seeds = sorted(a[task])
+        if seeds != sorted(b[task]):
+            only = sorted(set(a[task]) ^ set(b[task]))
+            raise ValueError(
+                f"{task}: the two sides did not play the same episodes ({len(only)} seeds on one side only, "
+                f"e.g. {only[:3]}); pair evaluations run with the same --seed and --episodes"
+            )
+        diffs = np.array([float(b[task][s]) - float(a[task][s]) for s in seeds])
+        variance = float(diffs.var(ddof=1)) / len(diffs) if len(diffs) > 1 else 0.0
+        half = z * math.sqrt(variance)
+        mean = float(diffs.mean())
+        tasks[task] = TaskPairing(
+            mean, (mean - half, mean + half), len(diffs), int((diffs > 0).sum()), int((diffs < 0).sum())
+        )
+        variances.append(variance)
+    difference = statistics.fmean(t.difference for t in tasks.values())
+    half = z * math.sqrt(sum(variances)) / len(tasks)
+    low, high = difference - half, difference + half
+    return PairedDifference(difference, (low, high), confidence, not (low <= 0.0 <= high), tasks)

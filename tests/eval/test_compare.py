@@ -1,0 +1,139 @@
+"""Comparing two policies from evaluation reports: the paired interval, report reading, the script."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vla.eval.compare import ReportError, compare, read_run
+from vla.eval.stats import mean_success_interval, paired_difference
+
+ROOT = Path(__file__).resolve().parents[2]
+ABLATIONS = ROOT / "docs" / "ablations"
+
+
+def _report(path: Path, outcomes: dict[str, list[bool]], seed: int = 1000) -> Path:
+    """A closed-loop report as scripts/eval_sim.py writes it (only the fields the comparison reads)."""
+    tasks = [
+        {
+            "task": task,
+            "episodes": len(wins),
+            "successes": sum(wins),
+            "results": [{"seed": seed + e, "success": w, "steps": 10} for e, w in enumerate(wins)],
+        }
+        for task, wins in outcomes.items()
+    ]
+    path.write_text(json.dumps({"policy": path.stem, "seed": seed, "tasks": tasks}))
+    return path
+
+
+def test_paired_difference_by_hand() -> None:
+    a = {"t1": {0: 0.0, 1: 1.0, 2: 0.0, 3: 1.0}, "t2": {7: 1.0, 8: 1.0}}
+    b = {"t1": {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}, "t2": {7: 1.0, 8: 1.0}}
+    result = paired_difference(a, b)
+    # t1: differences (1, 0, 1, -1): mean 0.25, sample variance 0.9167, over n = 4
+    t1 = result.tasks["t1"]
+    assert t1.difference == pytest.approx(0.25) and (t1.won, t1.lost, t1.episodes) == (2, 1, 4)
+    half_t1 = 1.959964 * math.sqrt((11 / 12) / 4)
+    assert t1.ci == pytest.approx((0.25 - half_t1, 0.25 + half_t1), abs=1e-5)
+    assert result.tasks["t2"].ci == (0.0, 0.0)
+    # over tasks: mean of (0.25, 0), half-width z sqrt(var_t1 + 0) / 2
+    assert result.difference == pytest.approx(0.125)
+    assert result.ci == pytest.approx((0.125 - half_t1 / 2, 0.125 + half_t1 / 2), abs=1e-5)
+    assert not result.excludes_zero
+    assert paired_difference(a, a).difference == 0.0
+
+
+def test_pairing_removes_the_layouts_difficulty() -> None:
+    """b wins 10 more of 100 episodes and loses none: the paired interval excludes zero, the
+    difference of two independent proportions of that size would not."""
+    a = {"t": {s: float(s < 50) for s in range(100)}}
+    b = {"t": {s: float(s < 60) for s in range(100)}}
+    result = paired_difference(a, b)
+    assert result.difference == pytest.approx(0.10) and result.excludes_zero
+    low, high = result.ci
+    assert 0.035 < low < 0.045 and 0.155 < high < 0.165
+    unpaired_half = 1.96 * math.sqrt(0.5 * 0.5 / 100 + 0.6 * 0.4 / 100)
+    assert unpaired_half > 0.10
+
+
+def test_paired_difference_refuses_different_episodes() -> None:
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_difference({"t": {0: 1.0}}, {"u": {0: 1.0}})
+    with pytest.raises(ValueError, match=r"t: the two sides did not play the same episodes \(2 seeds"):
+        paired_difference({"t": {0: 1.0, 1: 0.0}}, {"t": {0: 1.0, 2: 0.0}})
+
+
+def test_mean_success_interval() -> None:
+    result = mean_success_interval({"a": (5, 10), "b": (10, 10)})
+    assert result.mean == 0.75
+    half = 1.959964 * math.sqrt(0.25 / 10) / 2
+    assert result.ci == pytest.approx((0.75 - half, 0.75 + half), abs=1e-5)
+
+
+def test_read_run_merges_seed_sets_and_refuses_an_episode_twice(tmp_path: Path) -> None:
+    first = _report(tmp_path / "s1000.json", {"reach-v3": [True, False]}, seed=1000)
+    second = _report(tmp_path / "s2000.json", {"reach-v3": [True, True, False]}, seed=2000)
+    run = read_run([first, second])
+    assert run == {"reach-v3": {1000: True, 1001: False, 2000: True, 2001: True, 2002: False}}
+    with pytest.raises(ReportError, match=r"seed 1000 is also in .*s1000.json"):
+        read_run([first, first])
+    with pytest.raises(ReportError, match="no such evaluation report"):
+        read_run([tmp_path / "missing.json"])
+    (tmp_path / "bad.json").write_text(json.dumps({"mean_success": 0.5}))
+    with pytest.raises(ReportError, match="not a closed-loop report"):
+        read_run([tmp_path / "bad.json"])
+
+
+def test_compare_pairs_only_the_same_episodes(tmp_path: Path) -> None:
+    a = read_run([_report(tmp_path / "a.json", {"t": [True, False, False, False]}, seed=0)])
+    b = read_run([_report(tmp_path / "b.json", {"t": [True, True, True, False]}, seed=0)])
+    other = read_run([_report(tmp_path / "c.json", {"t": [True, True, True, False]}, seed=50)])
+    report = compare([a], [b], resamples=2000)
+    assert report["paired"]["difference"] == pytest.approx(0.5)
+    assert report["paired"]["tasks"]["t"]["won"] == 2
+    assert report["two_level_bootstrap"]["difference"] == pytest.approx(0.5)
+    unpaired = compare([a], [other], resamples=2000)
+    assert unpaired["paired"] is None and unpaired["two_level_bootstrap"]["difference"] == pytest.approx(0.5)
+    with pytest.raises(ReportError, match="same tasks"):
+        compare([a], [read_run([_report(tmp_path / "d.json", {"u": [True]})])])
+
+
+def test_the_script_reproduces_the_documented_fine_tune_figures(tmp_path: Path) -> None:
+    """docs/ablations: the fine-tune (two training seeds) against the 16000-step policy, 150 episodes
+    per task: both seeds' mean +3.1 [+1.8, +4.5] paired, reach +9.0 [+4.3, +13.7]."""
+    first = ABLATIONS / "tgs400_start_nostate_steps16000"
+    tuned = ABLATIONS / "after10_finetune"
+    command = [
+        sys.executable, str(ROOT / "scripts" / "compare_evals.py"),
+        "--a", *(str(first / f) for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")),
+        "--b", *(str(tuned / f) for f in ("control_seed1000.json", "ft16000_ctrl_2000_all_s2000.json",
+                                          "ft16000_ctrl_2000_all_s3000.json")),
+        "--b", *(str(tuned / "control" / "seed1" / f"closed_loop_seed{s}.json") for s in (1000, 2000, 3000)),
+        "--names", "first_stage,fine_tune", "--resamples", "2000", "--json", str(tmp_path / "c.json"),
+    ]  # fmt: skip
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "first_stage: mean 88.3% [86.3, 90.3]" in out.stdout
+    assert "fine_tune run 2: mean 92.5%" in out.stdout
+    assert "fine_tune - first_stage, paired over the same episodes: +3.1 [+1.8, +4.4] points" in out.stdout
+    assert "reach-v3                   +9.0 [+4.3, +13.7]  won 21, lost 3 of 150" in out.stdout
+    saved = json.loads((tmp_path / "c.json").read_text())
+    # net 23.5 episodes won (per episode the two seeds' mean) of 5 x 150
+    assert saved["paired"]["difference"] == pytest.approx(23.5 / 750)
+    assert saved["two_level_bootstrap"]["runs"] == [1, 2] and len(saved["arms"]["fine_tune"]) == 2
+
+
+def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
+    good = _report(tmp_path / "a.json", {"t": [True]})
+    command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--a", str(good), "--b"]
+    out = subprocess.run([*command, str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"error: {tmp_path / 'nope.json'}: no such evaluation report"
+    out = subprocess.run([*command, str(good), "--names", "x,x"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "two different names" in out.stderr

@@ -1,0 +1,175 @@
+"""Compare two policies from their closed-loop evaluation reports, with intervals.
+
+An arm is one policy setting; it holds one or more runs (training seeds), and each run is given as the
+reports of its evaluations (the trainer's `closed_loop.json`, `scripts/eval_sim.py --json` files), which
+together may cover several seed sets. For each run: success per task with its Wilson interval and the
+mean with its normal interval. Between the arms, b - a:
+
+- paired, where both arms played the very same episodes (same tasks, same episode seeds): per
+  episode each arm's mean over its runs, then `stats.paired_difference`; per task the episodes won
+  and lost;
+- the two-level bootstrap (`stats.success_difference`: runs, then each run's episodes; the arms
+  unpaired), which is what carries the spread between training seeds into the interval.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from vla.eval.closed_loop import wilson_interval
+from vla.eval.stats import (
+    EpisodeOutcomes,
+    RunOutcomes,
+    mean_success_interval,
+    paired_difference,
+    success_difference,
+)
+
+
+class ReportError(ValueError):
+    """An evaluation report that cannot be read or combined."""
+
+
+def read_run(paths: Sequence[Path | str]) -> dict[str, dict[int, bool]]:
+    """One run's episodes from its evaluation reports: task -> episode seed -> success.
+
+    Reports of different seed sets merge; an episode (task, seed) found twice is an error, since
+    counting it twice would narrow every interval.
+    """
+    episodes: dict[str, dict[int, bool]] = {}
+    owner: dict[tuple[str, int], Path] = {}
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise ReportError(f"{path}: no such evaluation report")
+        try:
+            report = json.loads(path.read_text())
+            tasks = report["tasks"]
+            rows = [(t["task"], r["seed"], r["success"]) for t in tasks for r in t["results"]]
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ReportError(f"{path}: not JSON ({e})") from None
+        except (KeyError, TypeError) as e:
+            raise ReportError(
+                f"{path}: not a closed-loop report (missing {e}); give the JSON that scripts/eval_sim.py "
+                "--json or a run's closed_loop.json holds"
+            ) from None
+        for task, seed, success in rows:
+            key = (str(task), int(seed))
+            if key in owner:
+                raise ReportError(
+                    f"{path}: episode {task} seed {seed} is also in {owner[key]}; give each seed set once"
+                )
+            owner[key] = path
+            episodes.setdefault(key[0], {})[key[1]] = bool(success)
+    if not episodes:
+        raise ReportError(f"{', '.join(map(str, paths))}: no episodes")
+    return episodes
+
+
+def run_outcomes(run: dict[str, dict[int, bool]]) -> RunOutcomes:
+    return {task: (sum(seeds.values()), len(seeds)) for task, seeds in run.items()}
+
+
+def _episode_means(runs: Sequence[dict[str, dict[int, bool]]]) -> EpisodeOutcomes | None:
+    """Per episode the mean over runs, or None where the runs did not all play the same episodes."""
+    keys = {task: sorted(seeds) for task, seeds in runs[0].items()}
+    if any({task: sorted(seeds) for task, seeds in run.items()} != keys for run in runs[1:]):
+        return None
+    return {
+        task: {seed: statistics.fmean(float(run[task][seed]) for run in runs) for seed in seeds}
+        for task, seeds in keys.items()
+    }
+
+
+def _run_summary(run: dict[str, dict[int, bool]]) -> dict[str, Any]:
+    outcomes = run_outcomes(run)
+    mean = mean_success_interval(outcomes)
+    return {
+        "mean_success": mean.mean,
+        "ci95": list(mean.ci),
+        "tasks": {
+            task: {"successes": s, "episodes": n, "success_rate": s / n, "ci95": list(wilson_interval(s, n))}
+            for task, (s, n) in outcomes.items()
+        },
+    }
+
+
+def compare(
+    a: Sequence[dict[str, dict[int, bool]]],
+    b: Sequence[dict[str, dict[int, bool]]],
+    *,
+    names: tuple[str, str] = ("a", "b"),
+    resamples: int = 20000,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """The comparison report (JSON-ready) of arm b against arm a, each a list of runs (`read_run`)."""
+    if not a or not b:
+        raise ReportError("each arm needs at least one run")
+    tasks = sorted(a[0])
+    for run in (*a, *b):
+        if sorted(run) != tasks:
+            raise ReportError(f"every run must hold the same tasks: {sorted(run)} vs {tasks}")
+    report: dict[str, Any] = {
+        "arms": {name: [_run_summary(run) for run in runs] for name, runs in zip(names, (a, b))},
+        "difference": f"{names[1]} - {names[0]}",
+    }
+    means_a, means_b = _episode_means(a), _episode_means(b)
+    paired = None
+    if means_a is not None and means_b is not None:
+        try:
+            paired = paired_difference(means_a, means_b)
+        except ValueError:
+            paired = None  # different episodes: only the unpaired bootstrap applies
+    report["paired"] = None if paired is None else asdict(paired)
+    boot = success_difference(
+        [run_outcomes(r) for r in a], [run_outcomes(r) for r in b], resamples=resamples, seed=seed
+    )
+    report["two_level_bootstrap"] = {**asdict(boot), "runs": [len(a), len(b)]}
+    return report
+
+
+def _pct(x: float, sign: bool = False) -> str:
+    return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A short text table of `compare`'s report (percentages)."""
+    lines = []
+    for name, runs in report["arms"].items():
+        for k, run in enumerate(runs):
+            low, high = run["ci95"]
+            label = name if len(runs) == 1 else f"{name} run {k + 1}"
+            lines.append(f"{label}: mean {_pct(run['mean_success'])}% [{_pct(low)}, {_pct(high)}]")
+            for task, t in run["tasks"].items():
+                lo, hi = t["ci95"]
+                lines.append(
+                    f"  {task:<24} {t['successes']:>4}/{t['episodes']:<4} {_pct(t['success_rate']):>5}% "
+                    f"[{_pct(lo)}, {_pct(hi)}]"
+                )
+    paired = report["paired"]
+    if paired is None:
+        lines.append(f"{report['difference']}, paired: not available (the arms played different episodes)")
+    else:
+        lo, hi = paired["ci"]
+        lines.append(
+            f"{report['difference']}, paired over the same episodes: {_pct(paired['difference'], True)} "
+            f"[{_pct(lo, True)}, {_pct(hi, True)}] points"
+        )
+        for task, t in paired["tasks"].items():
+            lo, hi = t["ci"]
+            lines.append(
+                f"  {task:<24} {_pct(t['difference'], True):>6} [{_pct(lo, True)}, {_pct(hi, True)}]"
+                f"  won {t['won']}, lost {t['lost']} of {t['episodes']}"
+            )
+    boot = report["two_level_bootstrap"]
+    lo, hi = boot["ci"]
+    runs_a, runs_b = boot["runs"]
+    lines.append(
+        f"{report['difference']}, two-level bootstrap ({runs_a} and {runs_b} runs, then episodes; "
+        f"{boot['resamples']} resamples): {_pct(boot['difference'], True)} [{_pct(lo, True)}, {_pct(hi, True)}] points"
+    )
+    return "\n".join(lines)
