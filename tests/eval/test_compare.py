@@ -85,6 +85,8 @@ def test_read_run_merges_seed_sets_and_refuses_an_episode_twice(tmp_path: Path) 
         read_run([first, first])
     with pytest.raises(ReportError, match="no such evaluation report"):
         read_run([tmp_path / "missing.json"])
+    _report(tmp_path / "closed_loop.json", {"reach-v3": [False]}, seed=3000)
+    assert read_run([tmp_path, first])["reach-v3"] == {3000: False, 1000: True, 1001: False}
     (tmp_path / "bad.json").write_text(json.dumps({"mean_success": 0.5}))
     with pytest.raises(ReportError, match="not a closed-loop report"):
         read_run([tmp_path / "bad.json"])

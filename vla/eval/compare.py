@@ -38,12 +38,16 @@ class ReportError(ValueError):
 def read_run(paths: Sequence[Path | str]) -> dict[str, dict[int, bool]]:
     """One run's episodes from its evaluation reports: task -> episode seed -> success.
 
+    A directory stands for the run's `closed_loop.json` (the trainer's final evaluation).
+
     Reports of different seed sets merge; an episode (task, seed) found twice is an error, since
     counting it twice would narrow every interval.
     """
     episodes: dict[str, dict[int, bool]] = {}
     owner: dict[tuple[str, int], Path] = {}
     for path in map(Path, paths):
+        if path.is_dir():  # a run directory stands for its own final evaluation
+            path = path / "closed_loop.json"
         if not path.is_file():
             raise ReportError(f"{path}: no such evaluation report")
         try:
