@@ -111,16 +111,12 @@ def compare(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The comparison report (JSON-ready) of arm b against arm a, each a list of runs (`read_run`)."""
-    if not a or not b:
-        raise ReportError("each arm needs at least one run")
-    tasks = sorted(a[0])
-    for run in (*a, *b):
-        if sorted(run) != tasks:
-            raise ReportError(f"every run must hold the same tasks: {sorted(run)} vs {tasks}")
-    report: dict[str, Any] = {
-        "arms": {name: [_run_summary(run) for run in runs] for name, runs in zip(names, (a, b))},
-        "difference": f"{names[1]} - {names[0]}",
-    }
+    try:  # also checks that there are runs on both sides and that they all hold the same tasks
+        boot = success_difference(
+            [run_outcomes(r) for r in a], [run_outcomes(r) for r in b], resamples=resamples, seed=seed
+        )
+    except ValueError as exc:
+        raise ReportError(str(exc)) from None
     means_a, means_b = _episode_means(a), _episode_means(b)
     paired = None
     if means_a is not None and means_b is not None:
@@ -128,16 +124,22 @@ def compare(
             paired = paired_difference(means_a, means_b)
         except ValueError:
             paired = None  # different episodes: only the unpaired bootstrap applies
-    report["paired"] = None if paired is None else asdict(paired)
-    boot = success_difference(
-        [run_outcomes(r) for r in a], [run_outcomes(r) for r in b], resamples=resamples, seed=seed
-    )
-    report["two_level_bootstrap"] = {**asdict(boot), "runs": [len(a), len(b)]}
-    return report
+    return {
+        "arms": {name: [_run_summary(run) for run in runs] for name, runs in zip(names, (a, b))},
+        "difference": f"{names[1]} - {names[0]}",
+        "paired": None if paired is None else asdict(paired),
+        "two_level_bootstrap": {**asdict(boot), "runs": [len(a), len(b)]},
+    }
 
 
 def _pct(x: float, sign: bool = False) -> str:
     return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}"
+
+
+def _interval(value: float, ci: Sequence[float], sign: bool = False) -> str:
+    """A rate as "88.3% [86.3, 90.3]", a difference (sign) in points as "+4.3 [+2.8, +5.8]"."""
+    unit = "" if sign else "%"
+    return f"{_pct(value, sign)}{unit} [{_pct(ci[0], sign)}, {_pct(ci[1], sign)}]"
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -145,35 +147,25 @@ def format_report(report: dict[str, Any]) -> str:
     lines = []
     for name, runs in report["arms"].items():
         for k, run in enumerate(runs):
-            low, high = run["ci95"]
             label = name if len(runs) == 1 else f"{name} run {k + 1}"
-            lines.append(f"{label}: mean {_pct(run['mean_success'])}% [{_pct(low)}, {_pct(high)}]")
+            lines.append(f"{label}: mean {_interval(run['mean_success'], run['ci95'])}")
             for task, t in run["tasks"].items():
-                lo, hi = t["ci95"]
-                lines.append(
-                    f"  {task:<24} {t['successes']:>4}/{t['episodes']:<4} {_pct(t['success_rate']):>5}% "
-                    f"[{_pct(lo)}, {_pct(hi)}]"
-                )
-    paired = report["paired"]
+                count = f"{t['successes']:>4}/{t['episodes']:<4}"
+                lines.append(f"  {task:<24} {count} {_interval(t['success_rate'], t['ci95'])}")
+    paired, diff = report["paired"], report["difference"]
     if paired is None:
-        lines.append(f"{report['difference']}, paired: not available (the arms played different episodes)")
+        lines.append(f"{diff}, paired: not available (the arms played different episodes)")
     else:
-        lo, hi = paired["ci"]
         lines.append(
-            f"{report['difference']}, paired over the same episodes: {_pct(paired['difference'], True)} "
-            f"[{_pct(lo, True)}, {_pct(hi, True)}] points"
+            f"{diff}, paired over the same episodes: {_interval(paired['difference'], paired['ci'], True)}"
         )
         for task, t in paired["tasks"].items():
-            lo, hi = t["ci"]
-            lines.append(
-                f"  {task:<24} {_pct(t['difference'], True):>6} [{_pct(lo, True)}, {_pct(hi, True)}]"
-                f"  won {t['won']}, lost {t['lost']} of {t['episodes']}"
-            )
+            won = f"won {t['won']}, lost {t['lost']} of {t['episodes']}"
+            lines.append(f"  {task:<24} {_interval(t['difference'], t['ci'], True)}  {won}")
     boot = report["two_level_bootstrap"]
-    lo, hi = boot["ci"]
     runs_a, runs_b = boot["runs"]
     lines.append(
-        f"{report['difference']}, two-level bootstrap ({runs_a} and {runs_b} runs, then episodes; "
-        f"{boot['resamples']} resamples): {_pct(boot['difference'], True)} [{_pct(lo, True)}, {_pct(hi, True)}] points"
+        f"{diff}, two-level bootstrap ({runs_a} and {runs_b} runs, then episodes; {boot['resamples']} "
+        f"resamples): {_interval(boot['difference'], boot['ci'], True)}"
     )
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n(differences in percentage points; 95% intervals)"
