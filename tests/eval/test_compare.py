@@ -107,7 +107,7 @@ def test_compare_pairs_only_the_same_episodes(tmp_path: Path) -> None:
         compare([a], [read_run([_report(tmp_path / "d.json", {"u": [True]})])])
 
 
-def test_the_script_reproduces_the_documented_fine_tune_figures(tmp_path: Path) -> None:
+def test_the_script_reproduces_the_documented_figures(tmp_path: Path) -> None:
     """docs/ablations: the fine-tune (two training seeds) against the 16000-step policy, 150 episodes
     per task: both seeds' mean +3.1 [+1.8, +4.5] paired, reach +9.0 [+4.3, +13.7]."""
     first = ABLATIONS / "tgs400_start_nostate_steps16000"
@@ -130,6 +130,18 @@ def test_the_script_reproduces_the_documented_fine_tune_figures(tmp_path: Path) 
     # net 23.5 episodes won (per episode the two seeds' mean) of 5 x 150
     assert saved["paired"]["difference"] == pytest.approx(23.5 / 750)
     assert saved["two_level_bootstrap"]["runs"] == [1, 2] and len(saved["arms"]["fine_tune"]) == 2
+    # the first stage's two training seeds: seed 1 - seed 0 +4.7 [+2.7, +6.6], reach +19.3 [+11.8, +26.9]
+    seed0 = [
+        first / f for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
+    ]
+    seed1 = [first / "seed1" / f.name for f in seed0]
+    paired = compare([read_run(seed0)], [read_run(seed1)], resamples=200)["paired"]
+    assert (round(100 * paired["difference"], 1), [round(100 * x, 1) for x in paired["ci"]]) == (
+        4.7,
+        [2.7, 6.6],
+    )
+    reach = paired["tasks"]["reach-v3"]
+    assert (reach["won"], reach["lost"], round(100 * reach["difference"], 1)) == (34, 5, 19.3)
 
 
 def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
