@@ -8,11 +8,11 @@
 
 Each --a / --b is one run (one training seed) given as its evaluation reports: the trainer's
 closed_loop.json (or the run directory, which stands for it) and `scripts/eval_sim.py --json` files,
-which may cover several seed sets (--seed 1000, 2000, ...). Repeat --a / --b for more training seeds. Prints each run's success per task (Wilson
-interval) and mean (normal interval), then b - a two ways: paired episode by episode where both arms
-played the same episodes (the tighter test: each layout is played by both), and the two-level bootstrap
-over runs and then episodes (which carries the spread between training seeds; one run per arm gives
-the episodes alone). Differences are in percentage points.
+which may cover several seed sets (--seed 1000, 2000, ...). Repeat --a / --b for more training seeds.
+Prints each run's success per task (Wilson interval) and mean (normal interval), then b - a two ways:
+paired episode by episode where both arms played the same episodes (the tighter test: each layout is
+played by both), and the two-level bootstrap over runs and then episodes (which carries the spread
+between training seeds; one run per arm gives the episodes alone). Differences are in percentage points.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def test_compare_pairs_only_the_same_episodes(tmp_path: Path) -> None:
 
 def test_the_script_reproduces_the_documented_figures(tmp_path: Path) -> None:
     """docs/ablations: the fine-tune (two training seeds) against the 16000-step policy, 150 episodes
-    per task: both seeds' mean +3.1 [+1.8, +4.5] paired, reach +9.0 [+4.3, +13.7]."""
+    per task: both seeds' mean +3.1 [+1.8, +4.4] paired, reach +9.0 [+4.3, +13.7]."""
     first = ABLATIONS / "tgs400_start_nostate_steps16000"
     tuned = ABLATIONS / "after10_finetune"
     command = [

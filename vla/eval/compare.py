@@ -14,6 +14,7 @@ mean with its normal interval. Between the arms, b - a:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections.abc import Sequence
@@ -120,10 +121,8 @@ def compare(
     means_a, means_b = _episode_means(a), _episode_means(b)
     paired = None
     if means_a is not None and means_b is not None:
-        try:
+        with contextlib.suppress(ValueError):  # different episodes: only the unpaired bootstrap applies
             paired = paired_difference(means_a, means_b)
-        except ValueError:
-            paired = None  # different episodes: only the unpaired bootstrap applies
     return {
         "arms": {name: [_run_summary(run) for run in runs] for name, runs in zip(names, (a, b))},
         "difference": f"{names[1]} - {names[0]}",
