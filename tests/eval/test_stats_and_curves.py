@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from vla.eval.curves import steps_to_baseline_best, steps_to_reach, success_curve, validation_curve
-from vla.eval.stats import run_mean_success, seed_spread, success_difference
+from vla.eval.stats import arm_mean_interval, run_mean_success, seed_spread, success_difference
 
 
 def _run(rates: dict[str, float], episodes: int = 50) -> dict[str, tuple[int, int]]:
@@ -65,6 +65,27 @@ def test_the_bootstrap_is_seeded_and_checks_its_input() -> None:
         success_difference(runs, [_run({"a": 0.5})])
     with pytest.raises(ValueError, match="at least one run"):
         success_difference([], runs)
+
+
+def test_an_arms_mean_over_seeds_and_its_interval() -> None:
+    """The mean of the runs' means; one run: the episodes' interval (two tasks at p = 0.5, 50 episodes
+    each: sd sqrt(0.25 / 50) / sqrt(2) = 0.05); runs that differ widen it; seeded; checked input."""
+    one = arm_mean_interval([_run({"a": 0.5, "b": 0.5})], resamples=20000)
+    assert one.mean == 0.5 and one.spread.seeds == 1 and one.spread.std == 0.0
+    assert np.diff(one.ci)[0] == pytest.approx(2 * 1.96 * 0.05, rel=0.08)
+    noisy = [_run({"a": 0.2, "b": 0.5}), _run({"a": 0.5, "b": 0.5}), _run({"a": 0.8, "b": 0.5})]
+    result = arm_mean_interval(noisy, resamples=4000)
+    assert result.mean == pytest.approx(0.5) and result.spread.std == pytest.approx(0.15)
+    assert (result.spread.min, result.spread.max) == pytest.approx((0.35, 0.65))
+    steady = arm_mean_interval([_run({"a": 0.5, "b": 0.5})] * 3, resamples=4000)
+    # three steady runs: the episodes' width over sqrt(3); the seeds' spread more than doubles it
+    assert np.diff(steady.ci)[0] == pytest.approx(np.diff(one.ci)[0] / 3**0.5, rel=0.1)
+    assert result.ci[0] < 0.5 < result.ci[1] and np.diff(result.ci)[0] > 2 * np.diff(steady.ci)[0]
+    assert arm_mean_interval(noisy, seed=3).ci == arm_mean_interval(noisy, seed=3).ci
+    with pytest.raises(ValueError, match="same tasks"):
+        arm_mean_interval([_run({"a": 0.5}), _run({"b": 0.5})])
+    with pytest.raises(ValueError, match="at least one run"):
+        arm_mean_interval([])
 
 
 def test_curves_from_metrics_keep_the_last_record_of_a_step(tmp_path) -> None:

@@ -3,7 +3,9 @@
 An arm is one policy setting; it holds one or more runs (training seeds), and each run is given as the
 reports of its evaluations (the trainer's `closed_loop.json`, `scripts/eval_sim.py --json` files), which
 together may cover several seed sets. For each run: success per task with its Wilson interval and the
-mean with its normal interval. Between the arms, b - a:
+mean with its normal interval. For each arm (`summarize`, which also serves one arm alone): the mean over
+its runs with the two-level bootstrap interval (`stats.arm_mean_interval`), the runs' spread, and per
+task the mean, min and max over runs. Between the arms, b - a:
 
 - paired, where both arms played the very same episodes (same tasks, same episode seeds): per
   episode each arm's mean over its runs, then `stats.paired_difference`; per task the episodes won
@@ -26,6 +28,7 @@ from vla.eval.closed_loop import wilson_interval
 from vla.eval.stats import (
     EpisodeOutcomes,
     RunOutcomes,
+    arm_mean_interval,
     mean_success_interval,
     paired_difference,
     success_difference,
@@ -103,6 +106,35 @@ def _run_summary(run: dict[str, dict[int, bool]]) -> dict[str, Any]:
     }
 
 
+def _arm_mean(runs: Sequence[dict[str, dict[int, bool]]], resamples: int, seed: int) -> dict[str, Any]:
+    outcomes = [run_outcomes(run) for run in runs]
+    mean = arm_mean_interval(outcomes, resamples=resamples, seed=seed)
+    rates = {task: [o[task][0] / o[task][1] for o in outcomes] for task in outcomes[0]}
+    return {
+        **asdict(mean),
+        "runs": len(runs),
+        "tasks": {
+            task: {"mean": statistics.fmean(r), "min": min(r), "max": max(r)} for task, r in rates.items()
+        },
+    }
+
+
+def summarize(
+    arms: dict[str, Sequence[dict[str, dict[int, bool]]]], *, resamples: int = 20000, seed: int = 0
+) -> dict[str, Any]:
+    """Each arm's runs (`read_run`) and its mean over them, as JSON-ready dicts."""
+    arm_means = {}
+    for name, runs in arms.items():
+        try:  # also checks that the arm has runs and that they all hold the same tasks
+            arm_means[name] = _arm_mean(runs, resamples, seed)
+        except ValueError as exc:
+            raise ReportError(f"{name}: {exc}") from None
+    return {
+        "arms": {name: [_run_summary(run) for run in runs] for name, runs in arms.items()},
+        "arm_means": arm_means,
+    }
+
+
 def compare(
     a: Sequence[dict[str, dict[int, bool]]],
     b: Sequence[dict[str, dict[int, bool]]],
@@ -124,7 +156,7 @@ def compare(
         with contextlib.suppress(ValueError):  # different episodes: only the unpaired bootstrap applies
             paired = paired_difference(means_a, means_b)
     return {
-        "arms": {name: [_run_summary(run) for run in runs] for name, runs in zip(names, (a, b))},
+        **summarize(dict(zip(names, (a, b))), resamples=resamples, seed=seed),
         "difference": f"{names[1]} - {names[0]}",
         "paired": None if paired is None else asdict(paired),
         "two_level_bootstrap": {**asdict(boot), "runs": [len(a), len(b)]},
@@ -142,7 +174,7 @@ def _interval(value: float, ci: Sequence[float], sign: bool = False) -> str:
 
 
 def format_report(report: dict[str, Any]) -> str:
-    """A short text table of `compare`'s report (percentages)."""
+    """A short text table of `compare`'s or `summarize`'s report (percentages)."""
     lines = []
     for name, runs in report["arms"].items():
         for k, run in enumerate(runs):
@@ -151,6 +183,17 @@ def format_report(report: dict[str, Any]) -> str:
             for task, t in run["tasks"].items():
                 count = f"{t['successes']:>4}/{t['episodes']:<4}"
                 lines.append(f"  {task:<24} {count} {_interval(t['success_rate'], t['ci95'])}")
+        arm = report["arm_means"][name]
+        if arm["runs"] > 1:
+            spread = arm["spread"]
+            lines.append(
+                f"{name}, mean over its {arm['runs']} runs: {_interval(arm['mean'], arm['ci'])} (two-level "
+                f"bootstrap); runs {_pct(spread['min'])}-{_pct(spread['max'])}%, sd {_pct(spread['std'])}"
+            )
+            for task, t in arm["tasks"].items():
+                lines.append(f"  {task:<24} {_pct(t['mean'])}% (runs {_pct(t['min'])}-{_pct(t['max'])}%)")
+    if "difference" not in report:
+        return "\n".join(lines) + "\n(95% intervals)"
     paired, diff = report["paired"], report["difference"]
     if paired is None:
         lines.append(f"{diff}, paired: not available (the arms played different episodes)")

@@ -66,6 +66,25 @@ def _bootstrap_means(
     return (drawn / n).mean(axis=2).mean(axis=1)
 
 
+def _shared_tasks(runs: Sequence[RunOutcomes]) -> list[str]:
+    """The tasks every run reports (sorted); a run with other tasks is an error."""
+    tasks = sorted(runs[0])
+    for run in runs:
+        if sorted(run) != tasks:
+            raise ValueError(f"every run must report the same tasks: {sorted(run)} vs {tasks}")
+    return tasks
+
+
+def _percentile_interval(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    tail = (1 - confidence) / 2
+    low, high = (float(x) for x in np.quantile(draws, [tail, 1 - tail]))
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError("the bootstrap produced a non-finite interval")
+    return low, high
+
+
 @dataclass
 class Difference:
     """mean success of `b` minus that of `a`, with its bootstrap interval."""
@@ -88,20 +107,44 @@ def success_difference(
     """Mean success of b minus a (each a list of runs, one per training seed), percentile interval."""
     if not a or not b:
         raise ValueError("both sides need at least one run")
-    tasks = sorted(a[0])
-    for run in (*a, *b):
-        if sorted(run) != tasks:
-            raise ValueError(f"every run must report the same tasks: {sorted(run)} vs {tasks}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    tasks = _shared_tasks([*a, *b])
     rng = np.random.default_rng(seed)
     observed = statistics.fmean(map(run_mean_success, b)) - statistics.fmean(map(run_mean_success, a))
     draws = _bootstrap_means(b, tasks, resamples, rng) - _bootstrap_means(a, tasks, resamples, rng)
-    tail = (1 - confidence) / 2
-    low, high = (float(x) for x in np.quantile(draws, [tail, 1 - tail]))
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError("the bootstrap produced a non-finite interval")
+    low, high = _percentile_interval(draws, confidence)
     return Difference(observed, (low, high), confidence, not (low <= 0.0 <= high), resamples)
+
+
+@dataclass
+class ArmMean:
+    """An arm's mean success over its runs (training seeds), with the two-level bootstrap interval and
+    the spread of the runs' own mean successes."""
+
+    mean: float
+    ci: tuple[float, float]
+    confidence: float
+    spread: SeedSpread
+    resamples: int
+
+
+def arm_mean_interval(
+    runs: Sequence[RunOutcomes], *, resamples: int = 20000, confidence: float = 0.95, seed: int = 0
+) -> ArmMean:
+    """Mean over runs of each run's mean success; percentile interval of the two-level bootstrap (runs
+    with replacement, then each drawn run's episodes), so it carries the spread between training seeds.
+    With one run it is the episodes' interval alone."""
+    if not runs:
+        raise ValueError("an arm needs at least one run")
+    tasks = _shared_tasks(runs)
+    means = [run_mean_success(run) for run in runs]
+    draws = _bootstrap_means(runs, tasks, resamples, np.random.default_rng(seed))
+    return ArmMean(
+        statistics.fmean(means),
+        _percentile_interval(draws, confidence),
+        confidence,
+        seed_spread(means),
+        resamples,
+    )
 
 
 # task -> episode seed -> success in [0, 1] (one run's 0/1, or the mean over several runs' episodes).
