@@ -132,7 +132,8 @@ def arm_mean_interval(
 ) -> ArmMean:
     """Mean over runs of each run's mean success; percentile interval of the two-level bootstrap (runs
     with replacement, then each drawn run's episodes), so it carries the spread between training seeds.
-    With one run it is the episodes' interval alone."""
+    With one run it is the episodes' interval alone; with few runs the seed level is coarse (resampling n
+    runs shrinks their variance by (n - 1) / n), so read the runs' spread beside it."""
     if not runs:
         raise ValueError("an arm needs at least one run")
     tasks = _shared_tasks(runs)
