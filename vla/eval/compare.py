@@ -31,6 +31,7 @@ from vla.eval.stats import (
     arm_mean_interval,
     mean_success_interval,
     paired_difference,
+    seed_spread,
     success_difference,
 )
 
@@ -110,13 +111,7 @@ def _arm_mean(runs: Sequence[dict[str, dict[int, bool]]], resamples: int, seed: 
     outcomes = [run_outcomes(run) for run in runs]
     mean = arm_mean_interval(outcomes, resamples=resamples, seed=seed)
     rates = {task: [o[task][0] / o[task][1] for o in outcomes] for task in outcomes[0]}
-    return {
-        **asdict(mean),
-        "runs": len(runs),
-        "tasks": {
-            task: {"mean": statistics.fmean(r), "min": min(r), "max": max(r)} for task, r in rates.items()
-        },
-    }
+    return {**asdict(mean), "tasks": {task: asdict(seed_spread(r)) for task, r in rates.items()}}
 
 
 def summarize(
@@ -184,10 +179,10 @@ def format_report(report: dict[str, Any]) -> str:
                 count = f"{t['successes']:>4}/{t['episodes']:<4}"
                 lines.append(f"  {task:<24} {count} {_interval(t['success_rate'], t['ci95'])}")
         arm = report["arm_means"][name]
-        if arm["runs"] > 1:
-            spread = arm["spread"]
+        spread = arm["spread"]
+        if spread["seeds"] > 1:
             lines.append(
-                f"{name}, mean over its {arm['runs']} runs: {_interval(arm['mean'], arm['ci'])} (two-level "
+                f"{name}, mean over its {spread['seeds']} runs: {_interval(arm['mean'], arm['ci'])} (two-level "
                 f"bootstrap); runs {_pct(spread['min'])}-{_pct(spread['max'])}%, sd {_pct(spread['std'])}"
             )
             for task, t in arm["tasks"].items():
