@@ -168,6 +168,46 @@ def test_one_arm_alone_the_mean_over_its_runs() -> None:
     )
 
 
+def test_the_second_stage_over_three_first_stage_seeds(tmp_path: Path) -> None:
+    """docs/ablations: each first-stage seed fine-tuned with trainer.seed=0, 150 episodes per task; the
+    second stage - the first over the three seeds +0.8 [-0.0, +1.6] paired (seed 2 alone -0.4), and the
+    recipe's mean over its three runs 91.2% (runs 89.6-93.7%, reach 62.0-74.0%)."""
+    first = ABLATIONS / "tgs400_start_nostate_steps16000"
+    tuned = ABLATIONS / "after10_finetune"
+    names = ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
+    first_runs = [[run / f for f in names] for run in (first, first / "seed1", first / "seed2")]
+    tuned_runs = [
+        [tuned / f for f in ("control_seed1000.json", "ft16000_ctrl_2000_all_s2000.json",
+                             "ft16000_ctrl_2000_all_s3000.json")],
+        *([tuned / stage / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)]
+          for stage in ("stage1_seed1", "stage1_seed2")),
+    ]  # fmt: skip
+    command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--resamples", "2000"]
+    for flag, runs in (("--a", first_runs), ("--b", tuned_runs)):
+        for run in runs:
+            command += [flag, *map(str, run)]
+    out = subprocess.run(
+        [*command, "--names", "first_stage,fine_tune", "--json", str(tmp_path / "c.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "fine_tune run 3: mean 89.6% [87.6, 91.6]" in out.stdout
+    assert "fine_tune - first_stage, paired over the same episodes: +0.8 [-0.0, +1.6]" in out.stdout
+    assert re.search(r"push-v3 +\+3\.6 \[\+0\.9, \+6\.2\]  won 16, lost 5 of 150", out.stdout)
+    assert re.search(r"fine_tune, mean over its 3 runs: 91\.2% \[\d+\.\d, \d+\.\d\]", out.stdout)
+    assert "runs 89.6-93.7%, sd 2.2" in out.stdout
+    assert re.search(r"reach-v3 +68\.0% \(runs 62\.0-74\.0%\)", out.stdout)
+    saved = json.loads((tmp_path / "c.json").read_text())
+    # net 18 successes more over the three seeds' 3 x 750 episodes (each episode: the seeds' mean)
+    assert saved["paired"]["difference"] == pytest.approx(18 / 2250)
+    assert saved["two_level_bootstrap"]["runs"] == [3, 3]
+    # seed 2 alone: its fine-tune against its own first stage
+    paired = compare([read_run(first_runs[2])], [read_run(tuned_runs[2])], resamples=200)["paired"]
+    assert round(100 * paired["difference"], 1) == -0.4
+    reach = paired["tasks"]["reach-v3"]
+    assert (reach["won"], reach["lost"]) == (4, 11)
+
+
 def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
     good = _report(tmp_path / "a.json", {"t": [True]})
     command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--a", str(good), "--b"]
