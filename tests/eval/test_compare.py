@@ -208,6 +208,30 @@ def test_the_second_stage_over_three_first_stage_seeds(tmp_path: Path) -> None:
     assert (reach["won"], reach["lost"]) == (4, 11)
 
 
+def test_drawing_reach_more_often_in_the_second_stage_trades_tasks() -> None:
+    """docs/ablations: data.task_weights={reach the goal: 2} in the second stage, first-stage seeds 1 and 2,
+    against the plain second stage: reach +7.3 (won 26, lost 4), push and pick-place -2.0, mean +0.7;
+    with drawer-open and button-press at 0.5 (seed 2): reach +6.0 (won 10, lost 1), pick-place won 2 lost 8."""
+    tuned = ABLATIONS / "after10_finetune"
+
+    def run(folder: Path) -> dict[str, dict[int, bool]]:
+        return read_run([folder / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)])
+
+    plain = [run(tuned / f"stage1_seed{s}") for s in (1, 2)]
+    reach2 = [run(tuned / "reach2" / f"stage1_seed{s}") for s in (1, 2)]
+    paired = compare(plain, reach2, resamples=200)["paired"]
+    tasks = {
+        name: (t["won"], t["lost"], round(100 * t["difference"], 1)) for name, t in paired["tasks"].items()
+    }
+    assert tasks["reach-v3"] == (26, 4, 7.3)
+    assert tasks["push-v3"][2] == tasks["pick-place-v3"][2] == -2.0
+    assert round(100 * paired["difference"], 1) == 0.7
+    half = compare(plain[1:], [run(tuned / "reach2_drawer_button_half" / "stage1_seed2")], resamples=200)
+    tasks = {name: (t["won"], t["lost"]) for name, t in half["paired"]["tasks"].items()}
+    assert tasks["reach-v3"] == (10, 1) and tasks["pick-place-v3"] == (2, 8)
+    assert tasks["drawer-open-v3"] == tasks["button-press-topdown-v3"] == (0, 0)
+
+
 def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
     good = _report(tmp_path / "a.json", {"t": [True]})
     command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--a", str(good), "--b"]
