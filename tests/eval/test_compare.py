@@ -16,6 +16,28 @@ from vla.eval.stats import mean_success_interval, paired_difference
 
 ROOT = Path(__file__).resolve().parents[2]
 ABLATIONS = ROOT / "docs" / "ablations"
+FIRST_STAGE = ABLATIONS / "tgs400_start_nostate_steps16000"
+SECOND_STAGE = ABLATIONS / "after10_finetune"
+
+
+def _first_stage(seed: int) -> list[Path]:
+    """The first stage's three evaluations (seeds 1000 / 2000 / 3000) of one training seed."""
+    folder = FIRST_STAGE if seed == 0 else FIRST_STAGE / f"seed{seed}"
+    return [
+        folder / f for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
+    ]
+
+
+def _seed_sets(folder: Path) -> list[Path]:
+    """A later run's three evaluations, named by their seed set."""
+    return [folder / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)]
+
+
+# the second stage on first-stage seed 0, fine-tune seed 0 (the control of the after10 ablation)
+SECOND_STAGE_SEED0 = [
+    SECOND_STAGE / f
+    for f in ("control_seed1000.json", "ft16000_ctrl_2000_all_s2000.json", "ft16000_ctrl_2000_all_s3000.json")
+]
 
 
 def _report(path: Path, outcomes: dict[str, list[bool]], seed: int = 1000) -> Path:
@@ -110,14 +132,11 @@ def test_compare_pairs_only_the_same_episodes(tmp_path: Path) -> None:
 def test_the_script_reproduces_the_documented_figures(tmp_path: Path) -> None:
     """docs/ablations: the fine-tune (two training seeds) against the 16000-step policy, 150 episodes
     per task: both seeds' mean +3.1 [+1.8, +4.4] paired, reach +9.0 [+4.3, +13.7]."""
-    first = ABLATIONS / "tgs400_start_nostate_steps16000"
-    tuned = ABLATIONS / "after10_finetune"
     command = [
         sys.executable, str(ROOT / "scripts" / "compare_evals.py"),
-        "--a", *(str(first / f) for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")),
-        "--b", *(str(tuned / f) for f in ("control_seed1000.json", "ft16000_ctrl_2000_all_s2000.json",
-                                          "ft16000_ctrl_2000_all_s3000.json")),
-        "--b", *(str(tuned / "control" / "seed1" / f"closed_loop_seed{s}.json") for s in (1000, 2000, 3000)),
+        "--a", *map(str, _first_stage(0)),
+        "--b", *map(str, SECOND_STAGE_SEED0),
+        "--b", *map(str, _seed_sets(SECOND_STAGE / "control" / "seed1")),
         "--names", "first_stage,fine_tune", "--resamples", "2000", "--json", str(tmp_path / "c.json"),
     ]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=120)
@@ -131,11 +150,7 @@ def test_the_script_reproduces_the_documented_figures(tmp_path: Path) -> None:
     assert saved["paired"]["difference"] == pytest.approx(23.5 / 750)
     assert saved["two_level_bootstrap"]["runs"] == [1, 2] and len(saved["arms"]["fine_tune"]) == 2
     # the first stage's two training seeds: seed 1 - seed 0 +4.7 [+2.7, +6.6], reach +19.3 [+11.8, +26.9]
-    seed0 = [
-        first / f for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
-    ]
-    seed1 = [first / "seed1" / f.name for f in seed0]
-    paired = compare([read_run(seed0)], [read_run(seed1)], resamples=200)["paired"]
+    paired = compare([read_run(_first_stage(0))], [read_run(_first_stage(1))], resamples=200)["paired"]
     assert (round(100 * paired["difference"], 1), [round(100 * x, 1) for x in paired["ci"]]) == (
         4.7,
         [2.7, 6.6],
@@ -147,11 +162,9 @@ def test_the_script_reproduces_the_documented_figures(tmp_path: Path) -> None:
 def test_one_arm_alone_the_mean_over_its_runs() -> None:
     """Without --b: each run and the arm's mean over its runs; the first stage's three training seeds in
     docs/ablations, 88.3 / 92.9 / 90.0% over 150 episodes per task: 90.4%, reach 68.9% (57.3-76.7%)."""
-    first = ABLATIONS / "tgs400_start_nostate_steps16000"
-    names = ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
     command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--resamples", "2000"]
-    for run in (first, first / "seed1", first / "seed2"):
-        command += ["--a", *(str(run / f) for f in names)]
+    for seed in (0, 1, 2):
+        command += ["--a", *map(str, _first_stage(seed))]
     out = subprocess.run([*command, "--names", "first_stage"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "first_stage run 3: mean 90.0% [88.0, 92.0]" in out.stdout
@@ -172,16 +185,8 @@ def test_the_second_stage_over_three_first_stage_seeds(tmp_path: Path) -> None:
     """docs/ablations: each first-stage seed fine-tuned with trainer.seed=0, 150 episodes per task; the
     second stage - the first over the three seeds +0.8 [-0.0, +1.6] paired (seed 2 alone -0.4), and the
     recipe's mean over its three runs 91.2% (runs 89.6-93.7%, reach 62.0-74.0%)."""
-    first = ABLATIONS / "tgs400_start_nostate_steps16000"
-    tuned = ABLATIONS / "after10_finetune"
-    names = ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
-    first_runs = [[run / f for f in names] for run in (first, first / "seed1", first / "seed2")]
-    tuned_runs = [
-        [tuned / f for f in ("control_seed1000.json", "ft16000_ctrl_2000_all_s2000.json",
-                             "ft16000_ctrl_2000_all_s3000.json")],
-        *([tuned / stage / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)]
-          for stage in ("stage1_seed1", "stage1_seed2")),
-    ]  # fmt: skip
+    first_runs = [_first_stage(seed) for seed in (0, 1, 2)]
+    tuned_runs = [SECOND_STAGE_SEED0, *(_seed_sets(SECOND_STAGE / f"stage1_seed{seed}") for seed in (1, 2))]
     command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--resamples", "2000"]
     for flag, runs in (("--a", first_runs), ("--b", tuned_runs)):
         for run in runs:
@@ -212,13 +217,8 @@ def test_drawing_reach_more_often_in_the_second_stage_trades_tasks() -> None:
     """docs/ablations: data.task_weights={reach the goal: 2} in the second stage, first-stage seeds 1 and 2,
     against the plain second stage: reach +7.3 (won 26, lost 4), push and pick-place -2.0, mean +0.7;
     with drawer-open and button-press at 0.5 (seed 2): reach +6.0 (won 10, lost 1), pick-place won 2 lost 8."""
-    tuned = ABLATIONS / "after10_finetune"
-
-    def run(folder: Path) -> dict[str, dict[int, bool]]:
-        return read_run([folder / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)])
-
-    plain = [run(tuned / f"stage1_seed{s}") for s in (1, 2)]
-    reach2 = [run(tuned / "reach2" / f"stage1_seed{s}") for s in (1, 2)]
+    plain = [read_run(_seed_sets(SECOND_STAGE / f"stage1_seed{s}")) for s in (1, 2)]
+    reach2 = [read_run(_seed_sets(SECOND_STAGE / "reach2" / f"stage1_seed{s}")) for s in (1, 2)]
     paired = compare(plain, reach2, resamples=200)["paired"]
     tasks = {
         name: (t["won"], t["lost"], round(100 * t["difference"], 1)) for name, t in paired["tasks"].items()
@@ -226,7 +226,8 @@ def test_drawing_reach_more_often_in_the_second_stage_trades_tasks() -> None:
     assert tasks["reach-v3"] == (26, 4, 7.3)
     assert tasks["push-v3"][2] == tasks["pick-place-v3"][2] == -2.0
     assert round(100 * paired["difference"], 1) == 0.7
-    half = compare(plain[1:], [run(tuned / "reach2_drawer_button_half" / "stage1_seed2")], resamples=200)
+    half_weights = read_run(_seed_sets(SECOND_STAGE / "reach2_drawer_button_half" / "stage1_seed2"))
+    half = compare(plain[1:], [half_weights], resamples=200)
     tasks = {name: (t["won"], t["lost"]) for name, t in half["paired"]["tasks"].items()}
     assert tasks["reach-v3"] == (10, 1) and tasks["pick-place-v3"] == (2, 8)
     assert tasks["drawer-open-v3"] == tasks["button-press-topdown-v3"] == (0, 0)
