@@ -7,6 +7,11 @@ changes is how the launcher ends:
   becomes one line and exit status 130 (SIGINT) or 143 (SIGTERM), the shell's convention.
 - A failed worker: the first rank that failed has already printed its error (vla.training.cli); instead of
   torchrun's ChildFailedError report, one line names the failed ranks and their exit codes (exit status 1).
+- After a signal torchrun leaves its rendezvous heartbeat running on purpose (other nodes may still need the
+  rendezvous). When the handler is then released while the heartbeat thread is inside a beat, the last
+  reference drops on that thread, and the timer's finalizer joins its own thread: a harmless "Exception
+  ignored ... cannot join current thread" traceback (the stop event is already set, so the thread ends). That
+  one report is dropped; every other unraisable exception is printed as before.
 Plain `torchrun` works the same otherwise.
 """
 
@@ -15,6 +20,35 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
+
+_HEARTBEAT_TEARDOWN = "torch/distributed/elastic/rendezvous/utils.py"
+
+
+def _is_heartbeat_self_join(unraisable: Any) -> bool:
+    """True for the one report described above: the rendezvous timer's finalizer joining its own thread."""
+    if unraisable.exc_type is not RuntimeError or str(unraisable.exc_value) != "cannot join current thread":
+        return False
+    frames = []
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename.replace(os.sep, "/"), tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return any(name == "_stop_thread" and path.endswith(_HEARTBEAT_TEARDOWN) for path, name in frames)
+
+
+def drop_heartbeat_self_join_reports() -> None:
+    """Install a `sys.unraisablehook` that drops the heartbeat's self-join report and passes on the rest."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_heartbeat_self_join", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_heartbeat_self_join(unraisable):
+            previous(unraisable)
+
+    hook._drops_heartbeat_self_join = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     # torchrun's own log lines ("Sending process ... closing signal", "failed (exitcode: 1)") repeat what the
     # one line below says; rendezvous and worker-group problems still surface as exceptions.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    drop_heartbeat_self_join_reports()
     try:
         torchrun(argv)
     except SignalException as exc:
