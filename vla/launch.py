@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import traceback
 from typing import Any
 
 _HEARTBEAT_TEARDOWN = "torch/distributed/elastic/rendezvous/utils.py"
@@ -29,12 +30,11 @@ def _is_heartbeat_self_join(unraisable: Any) -> bool:
     """True for the one report described above: the rendezvous timer's finalizer joining its own thread."""
     if unraisable.exc_type is not RuntimeError or str(unraisable.exc_value) != "cannot join current thread":
         return False
-    frames = []
-    tb = unraisable.exc_traceback
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename.replace(os.sep, "/"), tb.tb_frame.f_code.co_name))
-        tb = tb.tb_next
-    return any(name == "_stop_thread" and path.endswith(_HEARTBEAT_TEARDOWN) for path, name in frames)
+    return any(
+        frame.f_code.co_name == "_stop_thread"
+        and frame.f_code.co_filename.replace(os.sep, "/").endswith(_HEARTBEAT_TEARDOWN)
+        for frame, _ in traceback.walk_tb(unraisable.exc_traceback)
+    )
 
 
 def drop_heartbeat_self_join_reports() -> None:
