@@ -258,6 +258,32 @@ def test_fresh_evaluation_seeds_confirm_the_recipe() -> None:
     assert round(100 * mix["difference"], 1) == 0.3
 
 
+def test_a_second_stage_twice_as_long() -> None:
+    """docs/ablations: trainer.steps=4000 in the second stage, first-stage seeds 1 and 2, five seed sets (250
+    episodes per task per run): against the 2000-step stage +0.9 paired (reach won 24, lost 11), against the
+    first stage +1.1 with reach unchanged (won 21, lost 21)."""
+    seed_sets = (1000, 2000, 3000, 5000, 6000)
+
+    def run(folder: Path) -> dict:
+        return read_run([folder / f"closed_loop_seed{s}.json" for s in seed_sets])
+
+    def first(seed: int) -> dict:
+        folder = FIRST_STAGE / f"seed{seed}"
+        return read_run(
+            [folder / "closed_loop.json", *(folder / f"closed_loop_seed{s}.json" for s in seed_sets[1:])]
+        )
+
+    plain = [run(SECOND_STAGE / f"stage1_seed{s}") for s in (1, 2)]
+    longer = [run(SECOND_STAGE / "steps4000" / f"stage1_seed{s}") for s in (1, 2)]
+    assert all(len(outcomes) == 250 for tuned in longer for outcomes in tuned.values())
+    paired = compare(plain, longer, resamples=200)["paired"]
+    reach = paired["tasks"]["reach-v3"]
+    assert round(100 * paired["difference"], 1) == 0.9 and (reach["won"], reach["lost"]) == (24, 11)
+    against_first = compare([first(s) for s in (1, 2)], longer, resamples=200)["paired"]
+    reach = against_first["tasks"]["reach-v3"]
+    assert round(100 * against_first["difference"], 1) == 1.1 and (reach["won"], reach["lost"]) == (21, 21)
+
+
 def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
     good = _report(tmp_path / "a.json", {"t": [True]})
     command = [sys.executable, str(ROOT / "scripts" / "compare_evals.py"), "--a", str(good), "--b"]
