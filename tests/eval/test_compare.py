@@ -20,17 +20,19 @@ FIRST_STAGE = ABLATIONS / "tgs400_start_nostate_steps16000"
 SECOND_STAGE = ABLATIONS / "after10_finetune"
 
 
-def _first_stage(seed: int) -> list[Path]:
-    """The first stage's three evaluations (seeds 1000 / 2000 / 3000) of one training seed."""
+REPORTED = (1000, 2000, 3000)  # the seed sets every run was reported on
+FRESH = (5000, 6000)  # evaluated later, never used before
+
+
+def _first_stage(seed: int, seed_sets: tuple[int, ...] = REPORTED) -> list[Path]:
+    """The first stage's evaluations of one training seed (its own final one, seed 1000, is closed_loop.json)."""
     folder = FIRST_STAGE if seed == 0 else FIRST_STAGE / f"seed{seed}"
-    return [
-        folder / f for f in ("closed_loop.json", "closed_loop_seed2000.json", "closed_loop_seed3000.json")
-    ]
+    return [folder / ("closed_loop.json" if s == 1000 else f"closed_loop_seed{s}.json") for s in seed_sets]
 
 
-def _seed_sets(folder: Path) -> list[Path]:
-    """A later run's three evaluations, named by their seed set."""
-    return [folder / f"closed_loop_seed{s}.json" for s in (1000, 2000, 3000)]
+def _seed_sets(folder: Path, seed_sets: tuple[int, ...] = REPORTED) -> list[Path]:
+    """A later run's evaluations, named by their seed set."""
+    return [folder / f"closed_loop_seed{s}.json" for s in seed_sets]
 
 
 # the second stage on first-stage seed 0, fine-tune seed 0 (the control of the after10 ablation)
@@ -237,14 +239,9 @@ def test_fresh_evaluation_seeds_confirm_the_recipe() -> None:
     """docs/ablations, "Fresh evaluation seeds": seeds 5000 / 6000, never used before, 100 episodes per task
     per run, first-stage seeds 1 and 2: the recipe 92.0% and 89.2% (reach 75 / 69%), the second stage against
     the first +0.2 paired, reach 2x against the plain second stage reach +4.0 (won 15, lost 8)."""
-    fresh = (5000, 6000)
-
-    def run(folder: Path) -> dict:
-        return read_run([folder / f"closed_loop_seed{s}.json" for s in fresh])
-
-    first = [run(FIRST_STAGE / f"seed{s}") for s in (1, 2)]
-    recipe = [run(SECOND_STAGE / f"stage1_seed{s}") for s in (1, 2)]
-    reach2 = [run(SECOND_STAGE / "reach2" / f"stage1_seed{s}") for s in (1, 2)]
+    first = [read_run(_first_stage(s, FRESH)) for s in (1, 2)]
+    recipe = [read_run(_seed_sets(SECOND_STAGE / f"stage1_seed{s}", FRESH)) for s in (1, 2)]
+    reach2 = [read_run(_seed_sets(SECOND_STAGE / "reach2" / f"stage1_seed{s}", FRESH)) for s in (1, 2)]
     for tuned, mean, reach in zip(recipe, (92.0, 89.2), (75, 69), strict=True):
         wins = {task: sum(outcomes.values()) for task, outcomes in tuned.items()}
         assert all(len(outcomes) == 100 for outcomes in tuned.values())
@@ -262,24 +259,15 @@ def test_a_second_stage_twice_as_long() -> None:
     """docs/ablations: trainer.steps=4000 in the second stage, first-stage seeds 1 and 2, five seed sets (250
     episodes per task per run): against the 2000-step stage +0.9 paired (reach won 24, lost 11), against the
     first stage +1.1 with reach unchanged (won 21, lost 21)."""
-    seed_sets = (1000, 2000, 3000, 5000, 6000)
-
-    def run(folder: Path) -> dict:
-        return read_run([folder / f"closed_loop_seed{s}.json" for s in seed_sets])
-
-    def first(seed: int) -> dict:
-        folder = FIRST_STAGE / f"seed{seed}"
-        return read_run(
-            [folder / "closed_loop.json", *(folder / f"closed_loop_seed{s}.json" for s in seed_sets[1:])]
-        )
-
-    plain = [run(SECOND_STAGE / f"stage1_seed{s}") for s in (1, 2)]
-    longer = [run(SECOND_STAGE / "steps4000" / f"stage1_seed{s}") for s in (1, 2)]
+    five = REPORTED + FRESH
+    plain = [read_run(_seed_sets(SECOND_STAGE / f"stage1_seed{s}", five)) for s in (1, 2)]
+    longer = [read_run(_seed_sets(SECOND_STAGE / "steps4000" / f"stage1_seed{s}", five)) for s in (1, 2)]
     assert all(len(outcomes) == 250 for tuned in longer for outcomes in tuned.values())
     paired = compare(plain, longer, resamples=200)["paired"]
     reach = paired["tasks"]["reach-v3"]
     assert round(100 * paired["difference"], 1) == 0.9 and (reach["won"], reach["lost"]) == (24, 11)
-    against_first = compare([first(s) for s in (1, 2)], longer, resamples=200)["paired"]
+    first = [read_run(_first_stage(s, five)) for s in (1, 2)]
+    against_first = compare(first, longer, resamples=200)["paired"]
     reach = against_first["tasks"]["reach-v3"]
     assert round(100 * against_first["difference"], 1) == 1.1 and (reach["won"], reach["lost"]) == (21, 21)
 
