@@ -40,14 +40,11 @@ def _is_heartbeat_self_join(unraisable: Any) -> bool:
 def drop_heartbeat_self_join_reports() -> None:
     """Install a `sys.unraisablehook` that drops the heartbeat's self-join report and passes on the rest."""
     previous = sys.unraisablehook
-    if getattr(previous, "_drops_heartbeat_self_join", False):
-        return
 
     def hook(unraisable: Any) -> None:
         if not _is_heartbeat_self_join(unraisable):
             previous(unraisable)
 
-    hook._drops_heartbeat_self_join = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vla.eval.compare import ReportError, compare, read_run
+from vla.eval.compare import ReportError, compare, read_run, run_outcomes
 from vla.eval.stats import mean_success_interval, paired_difference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -243,8 +243,9 @@ def test_fresh_evaluation_seeds_confirm_the_recipe() -> None:
     recipe = [read_run(_seed_sets(SECOND_STAGE / f"stage1_seed{s}", FRESH)) for s in (1, 2)]
     reach2 = [read_run(_seed_sets(SECOND_STAGE / "reach2" / f"stage1_seed{s}", FRESH)) for s in (1, 2)]
     for tuned, mean, reach in zip(recipe, (92.0, 89.2), (75, 69), strict=True):
-        wins = {task: sum(outcomes.values()) for task, outcomes in tuned.items()}
-        assert all(len(outcomes) == 100 for outcomes in tuned.values())
+        outcomes = run_outcomes(tuned)
+        assert all(episodes == 100 for _, episodes in outcomes.values())
+        wins = {task: successes for task, (successes, _) in outcomes.items()}
         assert round(100 * sum(wins.values()) / 500, 1) == mean and wins["reach-v3"] == reach
         assert min(wins.values()) >= 60  # the goal's floor holds on fresh seeds
     second_stage = compare(first, recipe, resamples=200)["paired"]
@@ -262,7 +263,7 @@ def test_a_second_stage_twice_as_long() -> None:
     five = REPORTED + FRESH
     plain = [read_run(_seed_sets(SECOND_STAGE / f"stage1_seed{s}", five)) for s in (1, 2)]
     longer = [read_run(_seed_sets(SECOND_STAGE / "steps4000" / f"stage1_seed{s}", five)) for s in (1, 2)]
-    assert all(len(outcomes) == 250 for tuned in longer for outcomes in tuned.values())
+    assert all(episodes == 250 for tuned in longer for _, episodes in run_outcomes(tuned).values())
     paired = compare(plain, longer, resamples=200)["paired"]
     reach = paired["tasks"]["reach-v3"]
     assert round(100 * paired["difference"], 1) == 0.9 and (reach["won"], reach["lost"]) == (24, 11)
