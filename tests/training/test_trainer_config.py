@@ -65,6 +65,32 @@ def test_experiments_and_debug_configs_compose(experiment: str) -> None:
     assert compose(["debug=fast"]).model.preset == "pi0_tiny"
 
 
+def test_an_experiments_learning_rates_follow_the_chosen_optimizer() -> None:
+    # The MetaWorld presets were tuned with DMuon (0.01): optim=adamw gets AdamW's lr from
+    # configs/experiment_optim, never DMuon's; an lr on the command line still wins.
+    sets = [
+        [f"experiment={experiment}", f"optim={optim}", "model.weights=/w.safetensors"]
+        for experiment in ("metaworld", "metaworld_long", "metaworld_finetune")
+        for optim in ("dmuon", "muon", "adamw")
+    ]
+    sets += [["experiment=metaworld", "optim=adamw", "optim.lr=0.123"], ["optim=adamw"], ["experiment=demo"]]
+    lrs = [(cfg.optim.name, cfg.optim.lr, cfg.optim.adamw_lr) for cfg in compose_many(sets)]
+    first_stage = [("dmuon", 0.01, 5e-4), ("muon", 0.01, 5e-4), ("adamw", 1e-3, 1e-3)]
+    second_stage = [("dmuon", 0.002, 1e-4), ("muon", 0.002, 1e-4), ("adamw", 2e-4, 1e-3)]
+    assert lrs == [
+        *first_stage,
+        *first_stage,
+        *second_stage,
+        ("adamw", 0.123, 1e-3),
+        ("adamw", 1e-3, 1e-3),
+        ("dmuon", 0.02, 1e-3),
+    ]
+    # The group is optional, so a misnamed file would be skipped in silence: every file names an
+    # experiment and an optimizer that exist.
+    pairs = {f"{e}_{o}" for e in _options("experiment") for o in _options("optim")}
+    assert set(_options("experiment_optim")) <= pairs, set(_options("experiment_optim")) - pairs
+
+
 def test_metaworld_long_is_the_measured_run() -> None:
     # experiment=metaworld_long reproduces docs/ablations/tgs400_start_nostate_steps16000 (a 4000-step run
     # continued to 10000, then to 16000): every setting of its trajectory, in one run whose schedule is
