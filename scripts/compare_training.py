@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vla.eval.curves import validation_curve  # noqa: E402
-from vla.eval.training_compare import RunError, compare_training, format_report  # noqa: E402
+from vla.eval.training_compare import compare_training, format_report  # noqa: E402
 from vla.help_format import HelpFormatter  # noqa: E402
 
 
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             episodes=args.episodes,
             resamples=args.resamples,
         )
-    except RunError as e:
+    except ValueError as e:  # RunError, or runs that do not report the same tasks
         raise SystemExit(f"error: {e}") from None
     print(format_report(report))
     if args.json:

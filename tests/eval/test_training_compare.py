@@ -146,6 +146,12 @@ def test_an_archived_run_with_only_a_summary_gives_its_final_outcomes(arms, tmp_
         compare_training(a, b[:1], 400)
     with pytest.raises(RunError, match="no such run directory"):
         compare_training(a, [b[0], tmp_path / "missing"], 400)
+    (archived / "summary.json").write_text('{"steps": 400, "closed_loop": {"tasks": [{"task": "reach-v3"}]}}')
+    with pytest.raises(RunError, match="not a closed-loop report"):
+        load_run(archived)
+    (archived / "summary.json").write_text("{torn")
+    with pytest.raises(RunError, match=r"summary.json: not JSON"):
+        load_run(archived)
 
 
 def test_the_script_writes_the_json_and_the_plot_and_names_a_bad_run(arms, tmp_path: Path) -> None:

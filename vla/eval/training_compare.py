@@ -5,7 +5,8 @@ with AdamW against the DMuon runs of the same preset. Each arm is a list of run 
 order: arm a's i-th run and arm b's i-th run share a training seed, hence their validation episodes.
 
 - Validation, per seed: a's best validation loss up to `step`, the first step it has it, and the first step
-  b's run reaches it (`curves.steps_to_baseline_best` on both curves cut at `step`); the ratio b / a.
+  b's run reaches it (`curves.steps_to_baseline_best` on both curves cut at `step`); the ratio b / a, and
+  its mean over the seeds where both runs have a curve (None if b never reaches it in one of them).
 - Closed-loop success at every step where both arms evaluated (up to `step`): each arm's mean over its runs
   and b - a with the two-level bootstrap over runs and episodes (`stats.success_difference`).
 
@@ -58,7 +59,7 @@ def load_run(run_dir: Path | str) -> TrainingRun:
         raise RunError(f"{run_dir}: no such run directory")
     run = TrainingRun(str(run_dir))
     summary_path, metrics_path = run_dir / "summary.json", run_dir / "metrics.jsonl"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = _read_json(summary_path) if summary_path.is_file() else {}
     if metrics_path.is_file():
         run.val_steps, run.val_loss = validation_curve(metrics_path)
         curve = success_curve(metrics_path)
@@ -75,15 +76,27 @@ def load_run(run_dir: Path | str) -> TrainingRun:
         ]
         run.median_step_s = statistics.median(step_s) if step_s else None
     report_path = run_dir / "closed_loop.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else summary.get("closed_loop")
+    report = _read_json(report_path) if report_path.is_file() else summary.get("closed_loop")
     if report and summary.get("steps") is not None:
         run.final_step = int(summary["steps"])
-        run.final_episodes = {
-            t["task"]: {int(r["seed"]): bool(r["success"]) for r in t["results"]} for t in report["tasks"]
-        }
+        try:
+            run.final_episodes = {
+                t["task"]: {int(r["seed"]): bool(r["success"]) for r in t["results"]} for t in report["tasks"]
+            }
+        except (KeyError, TypeError) as e:
+            raise RunError(
+                f"{run_dir}: its final evaluation is not a closed-loop report (missing {e})"
+            ) from None
     if not (run.val_steps or run.success or run.final_episodes):
         raise RunError(f"{run_dir}: no metrics.jsonl, and no summary.json with a final evaluation")
     return run
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not JSON ({e})") from None
 
 
 def outcomes_at(run: TrainingRun, step: int, episodes: int | None = None) -> RunOutcomes | None:
