@@ -40,6 +40,17 @@ class ReportError(ValueError):
     """An evaluation report that cannot be read or combined."""
 
 
+def report_rows(report: Any, source: Path | str) -> list[tuple[str, int, bool]]:
+    """(task, episode seed, success) of every episode of one closed-loop report (a parsed JSON dict)."""
+    try:
+        return [(t["task"], r["seed"], r["success"]) for t in report["tasks"] for r in t["results"]]
+    except (KeyError, TypeError) as e:
+        raise ReportError(
+            f"{source}: not a closed-loop report (missing {e}); give the JSON that scripts/eval_sim.py "
+            "--json or a run's closed_loop.json holds"
+        ) from None
+
+
 def read_run(paths: Sequence[Path | str]) -> dict[str, dict[int, bool]]:
     """One run's episodes from its evaluation reports: task -> episode seed -> success.
 
@@ -57,16 +68,9 @@ def read_run(paths: Sequence[Path | str]) -> dict[str, dict[int, bool]]:
             raise ReportError(f"{path}: no such evaluation report")
         try:
             report = json.loads(path.read_text())
-            tasks = report["tasks"]
-            rows = [(t["task"], r["seed"], r["success"]) for t in tasks for r in t["results"]]
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ReportError(f"{path}: not JSON ({e})") from None
-        except (KeyError, TypeError) as e:
-            raise ReportError(
-                f"{path}: not a closed-loop report (missing {e}); give the JSON that scripts/eval_sim.py "
-                "--json or a run's closed_loop.json holds"
-            ) from None
-        for task, seed, success in rows:
+        for task, seed, success in report_rows(report, path):
             key = (str(task), int(seed))
             if key in owner:
                 raise ReportError(

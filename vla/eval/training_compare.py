@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vla.eval.compare import ReportError, report_rows, run_outcomes
 from vla.eval.curves import read_metrics, steps_to_baseline_best, success_curve, validation_curve
 from vla.eval.stats import RunOutcomes, run_mean_success, seed_spread, success_difference
 
@@ -79,14 +80,13 @@ def load_run(run_dir: Path | str) -> TrainingRun:
     report = _read_json(report_path) if report_path.is_file() else summary.get("closed_loop")
     if report and summary.get("steps") is not None:
         run.final_step = int(summary["steps"])
+        source = report_path if report_path.is_file() else summary_path
         try:
-            run.final_episodes = {
-                t["task"]: {int(r["seed"]): bool(r["success"]) for r in t["results"]} for t in report["tasks"]
-            }
-        except (KeyError, TypeError) as e:
-            raise RunError(
-                f"{run_dir}: its final evaluation is not a closed-loop report (missing {e})"
-            ) from None
+            rows = report_rows(report, source)
+        except ReportError as e:
+            raise RunError(str(e)) from None
+        for task, seed, success in rows:
+            run.final_episodes.setdefault(str(task), {})[int(seed)] = bool(success)
     if not (run.val_steps or run.success or run.final_episodes):
         raise RunError(f"{run_dir}: no metrics.jsonl, and no summary.json with a final evaluation")
     return run
@@ -105,11 +105,11 @@ def outcomes_at(run: TrainingRun, step: int, episodes: int | None = None) -> Run
     episodes: use each task's first `episodes` episode seeds (a metrics.jsonl record holding more episodes
     than that cannot be cut, and is an error)."""
     if step == run.final_step and run.final_episodes:
-        out = {}
-        for task, results in run.final_episodes.items():
-            seeds = sorted(results)[:episodes] if episodes else sorted(results)
-            out[task] = (sum(results[s] for s in seeds), len(seeds))
-        return out
+        cut = {
+            task: {s: results[s] for s in sorted(results)[:episodes]}
+            for task, results in run.final_episodes.items()
+        }
+        return run_outcomes(cut)
     if step not in run.success:
         return None
     record = run.success[step]
