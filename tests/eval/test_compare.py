@@ -275,22 +275,19 @@ def test_a_second_stage_twice_as_long() -> None:
 
 def test_adamw_learning_rates_on_held_out_evaluation_seeds() -> None:
     """docs/study/long4000/heldout_seed7000: every AdamW run of the long-recipe comparison at step 4000, on
-    evaluation seeds 7000-7019 (never reported): lr 1e-3 46 / 46 / 56% (training seeds 0 / 1 / 2), lr 5e-4
-    44 / 48% (seeds 0 / 1); on the two seeds both have they tie (46.0%), so holding evaluation seeds out
-    would not have preferred 5e-4 to the protocol's 1e-3."""
+    evaluation seeds 7000-7019 (never reported): lr 1e-3 46 / 46 / 56%, lr 5e-4 44 / 48 / 51% (training seeds
+    0 / 1 / 2): 5e-4 - 1e-3 = -1.7 points paired, so holding evaluation seeds out would not have preferred
+    5e-4 to the protocol's 1e-3."""
     held_out = ROOT / "docs" / "study" / "long4000" / "heldout_seed7000"
-    arms = {
-        lr: [read_run([held_out / f"adamw{lr}_seed{s}.json"]) for s in seeds]
-        for lr, seeds in (("", (0, 1, 2)), ("5e-4", (0, 1)))
-    }
+    arms = {lr: [read_run([held_out / f"adamw{lr}_seed{s}.json"]) for s in (0, 1, 2)] for lr in ("", "5e-4")}
     means = {}
     for lr, runs in arms.items():
         outcomes = [run_outcomes(run) for run in runs]
         assert all(episodes == 20 for run in outcomes for _, episodes in run.values())
         means[lr] = [sum(wins for wins, _ in run.values()) for run in outcomes]  # of 100: percent
-    assert means == {"": [46, 46, 56], "5e-4": [44, 48]}
-    paired = compare(arms[""][:2], arms["5e-4"], resamples=200)["paired"]
-    assert paired is not None and round(100 * paired["difference"], 1) == 0.0
+    assert means == {"": [46, 46, 56], "5e-4": [44, 48, 51]}
+    paired = compare(arms[""], arms["5e-4"], resamples=200)["paired"]
+    assert paired is not None and round(100 * paired["difference"], 1) == -1.7
 
 
 def test_the_script_reports_bad_input_in_one_line(tmp_path: Path) -> None:
