@@ -199,19 +199,20 @@ def test_the_script_writes_the_json_and_the_plot_and_names_a_bad_run(arms, tmp_p
 
 def test_the_committed_long_recipe_comparisons_are_what_their_records_give() -> None:
     # docs/study/long4000: AdamW vs DMuon over the first 4000 steps of experiment=metaworld_long (README, "AdamW
-    # vs DMuon on the recipe that works"): AdamW 1e-3 on training seeds 0-2 with DMuon seed 0 re-trained
-    # (compare.json; compare_all_episodes.json on every episode each run has) and as first trained (its
-    # archived 4000-step run, summary only), and AdamW 5e-4 on seeds 0-2; the bootstrap is seeded, so the same
-    # records give the same intervals.
+    # vs DMuon on the recipe that works"): AdamW 1e-3 on training seeds 0-2 against DMuon's re-runs, on 50
+    # episodes per task at step 4000 (compare.json) and on 20 (as first reported), and with DMuon seed 0 as first
+    # trained (its archived 4000-step run, summary only); AdamW 5e-4 the same; the bootstrap is seeded, so the
+    # same records give the same intervals.
     root = Path(__file__).resolve().parents[2]
     long4000 = root / "docs" / "study" / "long4000"
     dmuon = [long4000 / f"dmuon_seed{s}" for s in (0, 1, 2)]
     archived = root / "docs" / "ablations" / "tgs400_start_nostate_steps4000"
     cases = (
-        ("compare.json", "adamw", "adamw_seed", dmuon, 20),
-        ("compare_all_episodes.json", "adamw", "adamw_seed", dmuon, None),
+        ("compare.json", "adamw", "adamw_seed", dmuon, 50),
+        ("compare_20_episodes.json", "adamw", "adamw_seed", dmuon, 20),
         ("compare_dmuon_seed0_archived.json", "adamw", "adamw_seed", [archived, *dmuon[1:]], 20),
-        ("compare_lr5e-4.json", "adamw5e-4", "adamw5e-4_seed", dmuon, 20),
+        ("compare_lr5e-4.json", "adamw5e-4", "adamw5e-4_seed", dmuon, 50),
+        ("compare_lr5e-4_20_episodes.json", "adamw5e-4", "adamw5e-4_seed", dmuon, 20),
     )
     seeds = [0, 1, 2]
     for name, a_name, a_prefix, b_runs, episodes in cases:
