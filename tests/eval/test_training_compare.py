@@ -208,16 +208,16 @@ def test_the_committed_long_recipe_comparisons_are_what_their_records_give() -> 
     dmuon = [long4000 / f"dmuon_seed{s}" for s in (0, 1, 2)]
     archived = root / "docs" / "ablations" / "tgs400_start_nostate_steps4000"
     cases = (
-        ("compare.json", "adamw", "adamw_seed", dmuon, 50),
-        ("compare_20_episodes.json", "adamw", "adamw_seed", dmuon, 20),
-        ("compare_dmuon_seed0_archived.json", "adamw", "adamw_seed", [archived, *dmuon[1:]], 20),
-        ("compare_lr5e-4.json", "adamw5e-4", "adamw5e-4_seed", dmuon, 50),
-        ("compare_lr5e-4_20_episodes.json", "adamw5e-4", "adamw5e-4_seed", dmuon, 20),
+        ("compare.json", "adamw", dmuon, 50),
+        ("compare_20_episodes.json", "adamw", dmuon, 20),
+        ("compare_dmuon_seed0_archived.json", "adamw", [archived, *dmuon[1:]], 20),
+        ("compare_lr5e-4.json", "adamw5e-4", dmuon, 50),
+        ("compare_lr5e-4_20_episodes.json", "adamw5e-4", dmuon, 20),
     )
     seeds = [0, 1, 2]
-    for name, a_name, a_prefix, b_runs, episodes in cases:
+    for name, a_name, b_runs, episodes in cases:
         committed = json.loads((long4000 / name).read_text())
-        a_runs = [long4000 / f"{a_prefix}{s}" for s in seeds]
+        a_runs = [long4000 / f"{a_name}_seed{s}" for s in seeds]
         report = compare_training(
             a_runs, b_runs, 4000, names=(a_name, "dmuon"), seeds=seeds, episodes=episodes, resamples=20000
         )
