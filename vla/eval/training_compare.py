@@ -77,10 +77,12 @@ def load_run(run_dir: Path | str) -> TrainingRun:
         ]
         run.median_step_s = statistics.median(step_s) if step_s else None
     report_path = run_dir / "closed_loop.json"
-    report = _read_json(report_path) if report_path.is_file() else summary.get("closed_loop")
+    if report_path.is_file():
+        report, source = _read_json(report_path), report_path
+    else:
+        report, source = summary.get("closed_loop"), summary_path
     if report and summary.get("steps") is not None:
         run.final_step = int(summary["steps"])
-        source = report_path if report_path.is_file() else summary_path
         try:
             rows = report_rows(report, source)
         except ReportError as e:
