@@ -225,3 +225,27 @@ def test_the_committed_long_recipe_comparisons_are_what_their_records_give() -> 
         assert report["validation"] == committed["validation"], name
         assert report["success"] == committed["success"], name
         assert report["mean_ratio"] == pytest.approx(committed["mean_ratio"]), name
+
+
+def test_the_16000_step_adamw_run_begins_as_the_4000_step_run() -> None:
+    # docs/study/long16000: the recipe's first cosine ends at step 4000, so the first 4000 steps of a 16000-step
+    # run are a 4000-step run's, bit for bit (as that folder's README says of AdamW seed 0): every training and
+    # validation loss equal, and the closed loop at step 4000 (20 episodes per task there) equal to the first
+    # 20 episodes per task of the 4000-step run's final evaluation (50 per task).
+    root = Path(__file__).resolve().parents[2] / "docs" / "study"
+    full, short = root / "long16000" / "adamw_seed0", root / "long4000" / "adamw_seed0"
+
+    def losses(run: Path) -> dict[tuple[str, int], float]:
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        return {
+            (r["split"], r["step"]): r["loss"]
+            for r in records
+            if r.get("split") in ("train", "val") and "loss" in r and r["step"] <= 4000
+        }
+
+    assert losses(full) == losses(short)
+    assert len(losses(full)) == 880  # 800 training records (every 5 steps) and 80 validations
+    full_run, short_run = load_run(full), load_run(short)
+    assert full_run.success[2000] == short_run.success[2000]
+    assert full_run.success[4000] == outcomes_at(short_run, 4000, episodes=20)
+    assert full_run.success[4000]["reach-v3"] == (5, 20)
