@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vla.eval.curves import read_metrics
 from vla.eval.training_compare import RunError, compare_training, format_report, load_run, outcomes_at
 
 TASKS = ("reach-v3", "push-v3")
@@ -236,15 +237,15 @@ def test_the_16000_step_adamw_run_begins_as_the_4000_step_run() -> None:
     full, short = root / "long16000" / "adamw_seed0", root / "long4000" / "adamw_seed0"
 
     def losses(run: Path) -> dict[tuple[str, int], float]:
-        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         return {
             (r["split"], r["step"]): r["loss"]
-            for r in records
+            for r in read_metrics(run / "metrics.jsonl")
             if r.get("split") in ("train", "val") and "loss" in r and r["step"] <= 4000
         }
 
-    assert losses(full) == losses(short)
-    assert len(losses(full)) == 880  # 800 training records (every 5 steps) and 80 validations
+    full_losses = losses(full)
+    assert full_losses == losses(short)
+    assert len(full_losses) == 880  # 800 training records (every 5 steps) and 80 validations
     full_run, short_run = load_run(full), load_run(short)
     assert full_run.success[2000] == short_run.success[2000]
     assert full_run.success[4000] == outcomes_at(short_run, 4000, episodes=20)
